@@ -1,0 +1,42 @@
+"""Timing that is honest on GPUs and CPUs, built on torch.utils.benchmark."""
+import time
+from dataclasses import dataclass
+
+import torch
+from torch.utils.benchmark import Timer
+
+
+@dataclass
+class Timing:
+    """Median and spread (10th and 90th percentiles) of many timed blocks, in milliseconds."""
+    median_ms: float
+    p10_ms: float
+    p90_ms: float
+    runs: int
+
+
+def sync():
+    """Wait for queued GPU work, so a wall clock measures it (chapter 1)."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def time_fn(fn, *, min_run_time=1.0, warmup=3):
+    """Steady-state time of fn(): warm-up calls, then torch.utils.benchmark blocks (chapter 1)."""
+    for _ in range(warmup):
+        fn()
+    sync()
+    timer = Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
+    measurement = timer.blocked_autorange(min_run_time=min_run_time)
+    times_ms = torch.tensor(measurement.times, dtype=torch.float64) * 1e3
+    p10, p50, p90 = torch.quantile(times_ms, torch.tensor([0.1, 0.5, 0.9], dtype=torch.float64)).tolist()
+    return Timing(median_ms=p50, p10_ms=p10, p90_ms=p90, runs=measurement.number_per_run * len(measurement.times))
+
+
+def time_first_call(fn):
+    """Seconds taken by one call of fn(), GPU work included: for a compiled fn, its compile time (chapter 1)."""
+    sync()
+    start = time.perf_counter()
+    out = fn()
+    sync()
+    return time.perf_counter() - start, out

@@ -1,0 +1,49 @@
+"""The widget panel: pick compile settings, press Run, watch the measurement join a live plot."""
+import ipywidgets as w
+import matplotlib.pyplot as plt
+from IPython.display import display
+
+from .compare import compare
+from .plots import grouped_bars
+
+MODES = ["default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune"]
+BACKENDS = ["inductor", "aot_eager", "eager"]
+
+
+def compile_panel(make_model, make_inputs, sizes, device, workload="panel", min_run_time=0.5):
+    """Dropdowns for mode, backend, fullgraph, dynamic and size; Run compiles, times and plots (chapter 1).
+
+    make_model() builds a fresh model; make_inputs(size) builds its inputs for one of `sizes`.
+    """
+    mode = w.Dropdown(options=MODES, value="default", description="mode")
+    backend = w.Dropdown(options=BACKENDS, value="inductor", description="backend")
+    fullgraph = w.Checkbox(value=False, description="fullgraph")
+    dynamic = w.Dropdown(options=[("None (default)", None), ("False", False), ("True", True)],
+                         value=None, description="dynamic")
+    size = w.Dropdown(options=list(sizes), value=list(sizes)[0], description="size")
+    run = w.Button(description="Run", button_style="primary")
+    out = w.Output()
+    rows = []
+
+    def on_run(_):
+        config = {"mode": mode.value, "backend": backend.value,
+                  "fullgraph": fullgraph.value, "dynamic": dynamic.value}
+        with out:
+            out.clear_output(wait=True)
+            print(f"compiling and timing {config} at size {size.value} ...")
+            new = compare(make_model, make_inputs(size.value), [config], workload=f"{workload} {size.value}",
+                          device=device, min_run_time=min_run_time)
+            rows.extend(r for r in new if r["variant"] != "eager" or not any(
+                o["workload"] == r["workload"] and o["variant"] == "eager" for o in rows))
+            out.clear_output(wait=True)
+            grouped_bars(rows, "speedup", title="speedup over eager (your runs)")
+            plt.show()
+            for r in new:
+                detail = (f"{r['median_ms']:.3f} ms, compile {r['compile_s']:.1f} s, speedup {r['speedup']:.2f}x"
+                          if r["status"] == "ok" else r["status"])
+                print(f"{r['workload']:>20} {r['variant']:<32} {detail}")
+
+    run.on_click(on_run)
+    panel = w.VBox([w.HBox([mode, backend]), w.HBox([dynamic, size]), w.HBox([fullgraph, run]), out])
+    display(panel)
+    return panel
