@@ -7,3 +7,4 @@ from .models import Block, BlockStack, block_stack, count_params
 from .plots import cumulative_time, grouped_bars
 from .results import load_results, results_path, save_results
 from .timing import Timing, sync, time_first_call, time_fn
+from .widgets import compile_panel

@@ -10,12 +10,13 @@ CUDA_GRAPH_MODES = {"reduce-overhead", "max-autotune"}
 
 
 def variant_name(config):
-    """A short label for a compile configuration: 'eager', 'max-autotune', 'default+fullgraph' (chapter 1)."""
+    """A short label: 'eager', a mode ('max-autotune'), or 'backend=aot_eager', plus '+fullgraph' etc. (chapter 1)."""
     if config.get("compile") is False:
         return "eager"
-    parts = [config.get("mode") or "default"]
-    if config.get("backend", "inductor") != "inductor":
-        parts = [config["backend"]]
+    if "backend" in config and not config.get("mode"):
+        parts = [f"backend={config['backend']}"]
+    else:
+        parts = [config.get("mode") or "default"]
     if config.get("fullgraph"):
         parts.append("fullgraph")
     if config.get("dynamic") is not None:

@@ -1,5 +1,6 @@
 """Where the code runs and what ran it: device, dtype, presets and provenance."""
 import datetime
+import os
 import platform
 import re
 import subprocess
@@ -53,7 +54,9 @@ def gpu_slug(name=None):
 
 
 def git_commit():
-    """The checkout's commit, or 'unknown' outside a git checkout (chapter 1)."""
+    """The checkout's commit ($BOOK_COMMIT where the tree travelled without .git), else 'unknown' (chapter 1)."""
+    if os.environ.get("BOOK_COMMIT"):
+        return os.environ["BOOK_COMMIT"]
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT,
                              capture_output=True, text=True, timeout=10)
@@ -62,7 +65,7 @@ def git_commit():
         return "unknown"
 
 
-def provenance(preset):
+def provenance(preset=None):
     """What produced a measurement: GPU, capability, torch, triton, python, date, preset, commit (chapter 1)."""
     try:
         import triton

@@ -21,16 +21,17 @@ def sync():
         torch.cuda.synchronize()
 
 
-def time_fn(fn, *, min_run_time=1.0, warmup=3):
-    """Steady-state time of fn(): warm-up calls, then torch.utils.benchmark blocks (chapter 1)."""
+def time_fn(fn, *, min_run_time=1.0, warmup=3, blocks=20):
+    """Steady-state time of fn(): warm-up, then `blocks` timed blocks of torch.utils.benchmark (chapter 1)."""
     for _ in range(warmup):
         fn()
-    sync()
     timer = Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
-    measurement = timer.blocked_autorange(min_run_time=min_run_time)
-    times_ms = torch.tensor(measurement.times, dtype=torch.float64) * 1e3
+    one_call_s = timer.timeit(1).mean
+    calls_per_block = max(1, int(min_run_time / blocks / max(one_call_s, 1e-9)))
+    times_ms = torch.tensor([timer.timeit(calls_per_block).mean * 1e3 for _ in range(blocks)],
+                            dtype=torch.float64)
     p10, p50, p90 = torch.quantile(times_ms, torch.tensor([0.1, 0.5, 0.9], dtype=torch.float64)).tolist()
-    return Timing(median_ms=p50, p10_ms=p10, p90_ms=p90, runs=measurement.number_per_run * len(measurement.times))
+    return Timing(median_ms=p50, p10_ms=p10, p90_ms=p90, runs=calls_per_block * blocks)
 
 
 def time_first_call(fn):

@@ -20,7 +20,7 @@ def compile_panel(make_model, make_inputs, sizes, device, workload="panel", min_
     fullgraph = w.Checkbox(value=False, description="fullgraph")
     dynamic = w.Dropdown(options=[("None (default)", None), ("False", False), ("True", True)],
                          value=None, description="dynamic")
-    size = w.Dropdown(options=list(sizes), value=list(sizes)[0], description="size")
+    size = w.Dropdown(options=list(sizes.items()), description="size")
     run = w.Button(description="Run", button_style="primary")
     out = w.Output()
     rows = []
@@ -30,11 +30,13 @@ def compile_panel(make_model, make_inputs, sizes, device, workload="panel", min_
                   "fullgraph": fullgraph.value, "dynamic": dynamic.value}
         with out:
             out.clear_output(wait=True)
-            print(f"compiling and timing {config} at size {size.value} ...")
-            new = compare(make_model, make_inputs(size.value), [config], workload=f"{workload} {size.value}",
+            print(f"compiling and timing {config} at {size.label} ...")
+            new = compare(make_model, make_inputs(size.value), [config], workload=f"{workload} {size.label}",
                           device=device, min_run_time=min_run_time)
-            rows.extend(r for r in new if r["variant"] != "eager" or not any(
-                o["workload"] == r["workload"] and o["variant"] == "eager" for o in rows))
+            for row in new:
+                eager_known = any(r["workload"] == row["workload"] and r["variant"] == "eager" for r in rows)
+                if row["variant"] != "eager" or not eager_known:
+                    rows.append(row)
             out.clear_output(wait=True)
             grouped_bars(rows, "speedup", title="speedup over eager (your runs)")
             plt.show()
@@ -45,5 +47,6 @@ def compile_panel(make_model, make_inputs, sizes, device, workload="panel", min_
 
     run.on_click(on_run)
     panel = w.VBox([w.HBox([mode, backend]), w.HBox([dynamic, size]), w.HBox([fullgraph, run]), out])
+    panel.rows = rows  # the measurements made so far, for reading back in code
     display(panel)
     return panel

@@ -1,0 +1,239 @@
+"""Unit tests of utils/: each would fail if the helper it checks were wrong."""
+import json
+import math
+import time
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.benchmark import Timer
+
+import utils
+from utils import compare as cmp
+from utils.results import load_results, save_results
+
+TINY = dict(n_layers=1, d_model=32, n_heads=4)
+
+
+def make_tiny():
+    return utils.block_stack(**TINY, device="cpu", dtype=torch.float32)
+
+
+def tiny_inputs(batch=2, seq=8):
+    return (torch.randn(batch, seq, TINY["d_model"], generator=torch.Generator().manual_seed(0)),)
+
+
+class WithGraphBreak(nn.Module):
+    """A model whose forward breaks the graph (a Python branch on a tensor's value)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x):
+        y = self.lin(x)
+        if y.sum() > 0:
+            y = y * 2
+        return torch.relu(y)
+
+
+# --- env ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name, slug", [("NVIDIA H200", "h200"), ("Tesla T4", "t4"),
+                                        ("NVIDIA GeForce RTX 4090", "rtx-4090"),
+                                        ("NVIDIA A100-SXM4-80GB", "a100-sxm4-80gb"), ("cpu", "cpu")])
+def test_gpu_slug(name, slug):
+    assert utils.gpu_slug(name) == slug
+
+
+def test_resolve_preset_auto_follows_device():
+    presets = {"smoke": {"n": 1}, "full": {"n": 2}}
+    assert utils.resolve_preset("auto", presets, device="cpu") == ("smoke", {"n": 1})
+    assert utils.resolve_preset("auto", presets, device="cuda") == ("full", {"n": 2})
+    assert utils.resolve_preset("full", presets, device="cpu") == ("full", {"n": 2})
+
+
+def test_unknown_preset_is_a_clear_error():
+    with pytest.raises(ValueError, match="Unknown preset 'huge'.*auto, smoke, full"):
+        utils.resolve_preset("huge", {"smoke": {}, "full": {}}, device="cpu")
+
+
+def test_dtype_on_cpu_is_fp32():
+    assert utils.pick_dtype("cpu") is torch.float32
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown on a machine without a GPU")
+def test_gpu_only_feature_on_cpu_is_a_clear_error():
+    with pytest.raises(RuntimeError, match="needs a CUDA GPU.*PRESET='smoke'"):
+        utils.require_cuda("CUDA graphs")
+
+
+def test_provenance_names_versions_and_preset(monkeypatch):
+    monkeypatch.setenv("BOOK_COMMIT", "abc1234")
+    prov = utils.provenance("smoke")
+    assert prov["torch"] == torch.__version__
+    assert prov["preset"] == "smoke" and prov["commit"] == "abc1234"
+    assert prov["gpu"] == utils.gpu_name()
+    assert len(prov["date"]) == 10
+
+
+# --- timing ------------------------------------------------------------------------------------
+
+def test_time_fn_agrees_with_torch_benchmark():
+    a = torch.randn(256, 256)
+    reference = Timer("a @ a", globals={"a": a}, num_threads=torch.get_num_threads()).blocked_autorange(
+        min_run_time=0.5).median * 1e3
+    ours = utils.time_fn(lambda: a @ a, min_run_time=0.5)
+    assert 0.5 < ours.median_ms / reference < 2.0
+    assert ours.p10_ms <= ours.median_ms <= ours.p90_ms
+
+
+def test_time_fn_measures_a_known_duration():
+    timing = utils.time_fn(lambda: time.sleep(0.002), min_run_time=0.3)
+    assert 2.0 <= timing.median_ms < 4.0
+    assert timing.runs >= 20
+
+
+def test_time_first_call_returns_seconds_and_output():
+    seconds, out = utils.time_first_call(lambda: (time.sleep(0.05), 7)[1])
+    assert out == 7 and 0.05 <= seconds < 0.5
+
+
+def test_break_even_calls():
+    assert utils.break_even_calls(10.0, eager_ms=3.0, compiled_ms=1.0) == pytest.approx(5000)
+    assert utils.break_even_calls(10.0, eager_ms=1.0, compiled_ms=1.5) is None
+
+
+# --- comparison runner -------------------------------------------------------------------------
+
+def test_variant_names_and_compile_kwargs():
+    assert utils.variant_name(utils.EAGER) == "eager"
+    assert utils.variant_name({"mode": "max-autotune", "fullgraph": True}) == "max-autotune+fullgraph"
+    assert utils.variant_name({"backend": "aot_eager"}) == "backend=aot_eager"
+    assert utils.variant_name({"mode": "default", "dynamic": False}) == "default+dynamic=False"
+    assert utils.compile_kwargs({"mode": "default", "fullgraph": True}) == {"fullgraph": True}
+    assert utils.compile_kwargs({"mode": "reduce-overhead"}) == {"mode": "reduce-overhead"}
+    assert utils.compile_kwargs({"backend": "eager", "mode": "max-autotune"}) == {"backend": "eager"}
+
+
+def test_compare_reports_every_configuration_and_goes_on_after_failures():
+    configs = [{"mode": "default"}, {"mode": "reduce-overhead"}, {"backend": "no_such_backend"},
+               {"backend": "aot_eager"}]
+    rows = utils.compare(make_tiny, tiny_inputs(), configs, workload="tiny", device="cpu",
+                         min_run_time=0.05, extra={"batch": 2})
+    by_variant = {r["variant"]: r for r in rows}
+    assert list(by_variant) == ["eager", "default", "reduce-overhead", "backend=no_such_backend",
+                                "backend=aot_eager"]
+    eager, default = by_variant["eager"], by_variant["default"]
+    assert eager["status"] == "ok" and eager["speedup"] == 1.0 and eager["compile_s"] == 0.0
+    assert default["status"] == "ok" and default["compile_s"] > 0 and default["batch"] == 2
+    assert default["max_abs_err"] < utils.tolerance(torch.float32)
+    assert default["speedup"] == pytest.approx(eager["median_ms"] / default["median_ms"])
+    assert default["graph_breaks"] == 0 and default["recompiles"] == 0
+    assert by_variant["reduce-overhead"]["status"].startswith("skipped: mode 'reduce-overhead' uses CUDA graphs")
+    assert by_variant["backend=no_such_backend"]["status"].startswith("failed:")
+    assert by_variant["backend=aot_eager"]["status"] == "ok"  # the sweep went on
+
+
+def test_compare_counts_graph_breaks_and_fullgraph_fails():
+    inputs = (torch.randn(4, 8),)
+    rows = utils.compare(WithGraphBreak, inputs, [{"mode": "default"}, {"mode": "default", "fullgraph": True}],
+                         workload="breaks", device="cpu", min_run_time=0.05)
+    default, fullgraph = rows[1], rows[2]
+    assert default["status"] == "ok" and default["graph_breaks"] >= 1
+    assert fullgraph["status"].startswith("failed:")
+
+
+def test_compare_counts_recompiles():
+    def two_shapes(model, inputs):
+        with torch.no_grad():
+            model(inputs[0])
+            return model(inputs[0][:1])  # a second batch size
+
+    rows = utils.compare(make_tiny, tiny_inputs(), [{"mode": "default", "dynamic": False}],
+                         workload="shapes", device="cpu", run=two_shapes, min_run_time=0.05)
+    assert rows[1]["status"] == "ok" and rows[1]["recompiles"] == 1
+
+
+# --- results files -----------------------------------------------------------------------------
+
+def test_results_round_trip(tmp_path):
+    prov = {"gpu": "NVIDIA H200", "capability": "9.0", "torch": "2.11.0", "triton": "3.6.0",
+            "python": "3.12.3", "date": "2026-12-02", "preset": "full", "commit": "abc"}
+    rows = [{"workload": "w", "variant": "eager", "median_ms": 1.5, "speedup": 1.0},
+            {"workload": "w", "variant": "default", "median_ms": float("nan"), "status": "failed: x"}]
+    path = save_results("01_mechanism", rows, prov, root=tmp_path)
+    assert path == tmp_path / "h200" / "01_mechanism.json"
+    data = load_results(path)
+    assert data["provenance"] == prov
+    assert data["measurements"][0] == rows[0]
+    assert data["measurements"][1]["median_ms"] is None  # NaN is stored as null, valid JSON
+    json.loads(path.read_text())
+
+
+def test_results_refuse_bad_provenance_and_bad_files(tmp_path):
+    with pytest.raises(ValueError, match="provenance lacks gpu"):
+        save_results("x", [], {"torch": "2", "python": "3", "date": "d", "preset": "full"}, root=tmp_path)
+    with pytest.raises(FileNotFoundError, match="run the chapter's notebook"):
+        load_results(tmp_path / "missing.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"rows": []}))
+    with pytest.raises(ValueError, match="not a results file"):
+        load_results(bad)
+
+
+# --- plots and widgets -------------------------------------------------------------------------
+
+def test_grouped_bars_draws_one_bar_per_ok_measurement():
+    import matplotlib
+    matplotlib.use("Agg")
+    rows = [{"workload": "b1", "variant": "eager", "speedup": 1.0, "status": "ok"},
+            {"workload": "b1", "variant": "default", "speedup": 2.0, "status": "ok"},
+            {"workload": "b64", "variant": "eager", "speedup": 1.0, "status": "ok"},
+            {"workload": "b64", "variant": "default", "status": "skipped: needs a GPU"}]
+    ax = utils.grouped_bars(rows, "speedup")
+    heights = sorted(p.get_height() for p in ax.patches)
+    assert heights == [1.0, 1.0, 2.0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["eager", "default"]
+
+
+def test_compile_panel_runs_a_measurement_on_click():
+    import matplotlib
+    matplotlib.use("Agg")
+    panel = utils.compile_panel(make_tiny, lambda batch: tiny_inputs(batch), sizes={"batch 2": 2},
+                                device="cpu", min_run_time=0.05)
+    buttons = [c for box in panel.children[:3] for c in box.children if getattr(c, "description", "") == "Run"]
+    assert len(buttons) == 1
+    buttons[0].click()
+    assert [r["variant"] for r in panel.rows] == ["eager", "default"]
+    assert all(r["status"] == "ok" for r in panel.rows)
+
+
+def test_glue_stores_bare_text_for_the_book(monkeypatch):
+    shown = []
+    import sys
+    monkeypatch.setattr(sys.modules["utils.glue"], "_display",
+                        lambda data, raw, metadata: shown.append((data, metadata)))
+    utils.glue("speed", "1.50x")
+    data, metadata = shown[0]
+    assert data == {"application/papermill.record/text/plain": "1.50x"}
+    assert metadata["scrapbook"] == {"name": "speed", "mime_prefix": "application/papermill.record/"}
+
+
+# --- papermill runner --------------------------------------------------------------------------
+
+def test_run_book_executes_with_the_preset(tmp_path):
+    import nbformat
+    nb = nbformat.v4.new_notebook()
+    params = nbformat.v4.new_code_cell('PRESET = "auto"')
+    params.metadata["tags"] = ["parameters"]
+    nb.cells = [params, nbformat.v4.new_code_cell("print('preset is', PRESET)")]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    source = tmp_path / "t.ipynb"
+    nbformat.write(nb, source)
+    from utils.run_book import execute
+    out = execute(source, preset="smoke", out_dir=tmp_path / "out")
+    executed = nbformat.read(out, as_version=4)
+    assert "preset is smoke" in executed.cells[-1].outputs[0]["text"]
+    with pytest.raises(FileNotFoundError):
+        execute(tmp_path / "nope.ipynb")
