@@ -79,13 +79,19 @@ def test_provenance_names_versions_and_preset(monkeypatch):
 
 # --- timing ------------------------------------------------------------------------------------
 
-def test_time_fn_agrees_with_torch_benchmark():
+def test_time_fn_agrees_with_torch_benchmark(monkeypatch):
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)  # one core: less exposed to other load
     a = torch.randn(256, 256)
-    reference = Timer("a @ a", globals={"a": a}, num_threads=torch.get_num_threads()).blocked_autorange(
-        min_run_time=0.5).median * 1e3
-    ours = utils.time_fn(lambda: a @ a, min_run_time=0.5)
-    assert 0.5 < ours.median_ms / reference < 2.0
-    assert ours.p10_ms <= ours.median_ms <= ours.p90_ms
+    reference = Timer("a @ a", globals={"a": a}, num_threads=1)
+    # alternate the two, three times each, and compare the quietest of each, so that load from
+    # other processes on a small machine hits both alike
+    reference_ms, ours_ms = [], []
+    for _ in range(3):
+        reference_ms.append(reference.blocked_autorange(min_run_time=0.2).median * 1e3)
+        ours = utils.time_fn(lambda: a @ a, min_run_time=0.2)
+        ours_ms.append(ours.median_ms)
+        assert ours.p10_ms <= ours.median_ms <= ours.p90_ms
+    assert 0.5 < min(ours_ms) / min(reference_ms) < 2.0
 
 
 def test_time_fn_measures_a_known_duration():
@@ -209,15 +215,18 @@ def test_compile_panel_runs_a_measurement_on_click():
     assert all(r["status"] == "ok" for r in panel.rows)
 
 
-def test_glue_stores_bare_text_for_the_book(monkeypatch):
-    shown = []
+def test_glue_stores_what_myst_nb_renders_back_unchanged(monkeypatch):
     import sys
+    from myst_nb.core.variables import format_plain_text
+
+    shown = []
     monkeypatch.setattr(sys.modules["utils.glue"], "_display",
                         lambda data, raw, metadata: shown.append((data, metadata)))
-    utils.glue("speed", "1.50x")
-    data, metadata = shown[0]
-    assert data == {"application/papermill.record/text/plain": "1.50x"}
-    assert metadata["scrapbook"] == {"name": "speed", "mime_prefix": "application/papermill.record/"}
+    for value in ["5,591", "0.00", "1.50x", "reduce-overhead"]:
+        utils.glue("value", value)
+    for (data, metadata), value in zip(shown, ["5,591", "0.00", "1.50x", "reduce-overhead"]):
+        assert metadata["scrapbook"] == {"name": "value", "mime_prefix": "application/papermill.record/"}
+        assert format_plain_text(data["application/papermill.record/text/plain"], "") == value
 
 
 # --- papermill runner --------------------------------------------------------------------------

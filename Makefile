@@ -1,0 +1,81 @@
+# Two commands, each setting up what it needs first (idempotent, fast once set up):
+#   make book   build the static site into _build/html
+#   make test   run the test suite (library, notebook smoke runs on CPU, site build, browser)
+SHELL := /bin/bash
+.SHELLFLAGS := -euo pipefail -c
+.DEFAULT_GOAL := book
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+# pip runs only when a requirements file is newer than this stamp
+STAMP := $(VENV)/.requirements.stamp
+# --all: Sphinx does not repeat the warnings of pages it does not rebuild, so an incremental
+# build could pass over a broken page; the book is small enough to rebuild whole.
+JB_FLAGS := --all -W -n --keep-going
+
+# JavaScript the site serves itself, vendored from the npm registry (pinned versions, checked
+# checksums) into book/_vendor/ (git-ignored), so that pages need no CDN: the widget manager
+# (see _config.yml: html_static_path and nb_ipywidgets_js) and MathJax (mathjax_path).
+VENDOR := book/_vendor/widgets
+MATHJAX_DIR := book/_vendor/mathjax
+HTML_MANAGER := @jupyter-widgets/html-manager@1.0.6
+HTML_MANAGER_TGZ := jupyter-widgets-html-manager-1.0.6.tgz
+HTML_MANAGER_URL := https://registry.npmjs.org/@jupyter-widgets/html-manager/-/html-manager-1.0.6.tgz
+HTML_MANAGER_SHA256 := 6c198ceb99ba7e7526990a1de16e8147ad7d3a714e3fb06741183623c04b5f6e
+REQUIREJS := requirejs@2.3.8
+REQUIREJS_TGZ := requirejs-2.3.8.tgz
+REQUIREJS_URL := https://registry.npmjs.org/requirejs/-/requirejs-2.3.8.tgz
+REQUIREJS_SHA256 := 777158e89275e16bd51aec3ef714fbcb5dc45789e7078659933bc814916d7dec
+# Sphinx loads MathJax from a CDN by default.
+MATHJAX := mathjax@3.2.2
+MATHJAX_TGZ := mathjax-3.2.2.tgz
+MATHJAX_URL := https://registry.npmjs.org/mathjax/-/mathjax-3.2.2.tgz
+MATHJAX_SHA256 := 1b9c0a1c44df864e915690558e72adb9cc5203360daefd385084ced3b6c64c09
+
+.PHONY: book test setup browser clean
+
+book: setup
+	$(VENV)/bin/jupyter-book build . $(JB_FLAGS)
+
+test: setup browser
+	$(PY) -m pytest -q tests
+
+setup: $(STAMP) $(VENDOR)/.stamp
+
+$(STAMP): requirements.txt tests/requirements.txt
+	@test -x $(PY) || { echo "creating $(VENV)"; $(PYTHON) -m venv $(VENV); }
+	$(PY) -m pip install -q -r requirements.txt -r tests/requirements.txt
+	@touch $@
+
+$(VENDOR)/.stamp: Makefile
+	@tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
+	if command -v npm >/dev/null; then \
+	  (cd "$$tmp" && npm pack --silent $(HTML_MANAGER) $(REQUIREJS) $(MATHJAX) >/dev/null); \
+	else \
+	  for url in $(HTML_MANAGER_URL) $(REQUIREJS_URL) $(MATHJAX_URL); do \
+	    curl -fsSL -o "$$tmp/$$(basename $$url | sed 's/^html-manager/jupyter-widgets-html-manager/')" $$url; \
+	  done; \
+	fi; \
+	printf '%s  %s\n' $(HTML_MANAGER_SHA256) "$$tmp/$(HTML_MANAGER_TGZ)" $(REQUIREJS_SHA256) "$$tmp/$(REQUIREJS_TGZ)" \
+	  $(MATHJAX_SHA256) "$$tmp/$(MATHJAX_TGZ)" | sha256sum -c --quiet -; \
+	mkdir -p "$$tmp/hm" "$$tmp/rq" "$$tmp/mj"; \
+	tar -xzf "$$tmp/$(HTML_MANAGER_TGZ)" -C "$$tmp/hm"; \
+	tar -xzf "$$tmp/$(REQUIREJS_TGZ)" -C "$$tmp/rq"; \
+	tar -xzf "$$tmp/$(MATHJAX_TGZ)" -C "$$tmp/mj"; \
+	rm -rf $(VENDOR) $(MATHJAX_DIR); mkdir -p $(VENDOR) $(MATHJAX_DIR); \
+	cp "$$tmp"/hm/package/dist/embed-amd.js "$$tmp"/hm/package/dist/*.{woff,woff2,ttf,eot,svg} $(VENDOR)/; \
+	cp "$$tmp"/hm/package/LICENSE $(VENDOR)/LICENSE.html-manager; \
+	cp "$$tmp"/rq/package/require.js $(VENDOR)/require.js; \
+	cp -r "$$tmp"/mj/package/es5/{tex-mml-chtml.js,input,output,ui,a11y,sre} "$$tmp"/mj/package/LICENSE $(MATHJAX_DIR)/; \
+	echo "$(HTML_MANAGER) $(REQUIREJS) $(MATHJAX)" > $@; \
+	echo "vendored $(HTML_MANAGER), $(REQUIREJS) and $(MATHJAX) into book/_vendor/"
+
+# Debian's Chromium and ChromeDriver for tests/test_browser.py, installed only when missing.
+browser:
+	@if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then \
+	  apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium chromium-driver; \
+	fi
+
+clean:
+	rm -rf _build book/_vendor

@@ -1,0 +1,80 @@
+"""Shared set-up for the test suite: one inductor cache, the repository's layout, the built site."""
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+# One compile cache for the whole session, set before anything imports torch, so that the
+# notebook kernels papermill starts (they inherit this environment) share it with each other
+# and with the library tests. /.cache/ is git-ignored.
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(REPO / ".cache" / "inductor"))
+if str(REPO) not in sys.path:  # `import utils` from the repository, however pytest is started
+    sys.path.insert(0, str(REPO))
+
+import pytest  # noqa: E402
+import yaml  # noqa: E402
+
+BUILD_CMD = ["build", ".", "--all", "-W", "-n", "--keep-going"]
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+@pytest.fixture(scope="session")
+def repo():
+    """The repository's root folder."""
+    return REPO
+
+
+@pytest.fixture(scope="session")
+def book_config():
+    """_config.yml, parsed."""
+    return yaml.safe_load((REPO / "_config.yml").read_text())
+
+
+@pytest.fixture(scope="session")
+def repository_url(book_config):
+    """The book's repository URL: it lives in _config.yml and nowhere else."""
+    return book_config["repository"]["url"].rstrip("/")
+
+
+def toc_chapters():
+    """The chapter files listed in _toc.yml's 'Chapters' part, e.g. 'notebooks/01_mechanism'."""
+    toc = yaml.safe_load((REPO / "_toc.yml").read_text())
+    parts = [p for p in toc.get("parts", []) if p.get("caption") == "Chapters"]
+    return [c["file"] for p in parts for c in p.get("chapters", [])]
+
+
+@pytest.fixture(scope="session")
+def chapters():
+    """Chapter files from the toc; a toc with no chapter is a failure, not an empty test."""
+    files = toc_chapters()
+    assert files, "_toc.yml lists no chapter under the 'Chapters' part"
+    return files
+
+
+@pytest.fixture(scope="session")
+def built_site():
+    """Build the site once per session, from scratch, with warnings as errors; returns _build/html.
+
+    `--all` rebuilds every page: an incremental build would not repeat the warnings of pages
+    that did not change, and could pass on a broken book.
+    """
+    vendored = [REPO / "book" / "_vendor" / f for f in ("widgets/embed-amd.js", "mathjax/tex-mml-chtml.js")]
+    if not all(path.exists() for path in vendored):
+        pytest.fail("the site's JavaScript is not vendored into book/_vendor/: run `make test` "
+                    "(or `make book`), which fetches it")
+    jupyter_book = Path(sys.executable).with_name("jupyter-book")
+    cmd = [str(jupyter_book) if jupyter_book.exists() else "jupyter-book", *BUILD_CMD]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1800)
+    log = ANSI.sub("", proc.stdout + proc.stderr)
+    (REPO / "_build").mkdir(exist_ok=True)
+    (REPO / "_build" / "build.log").write_text(log)
+    warnings = [line for line in log.splitlines() if "WARNING" in line or "ERROR" in line]
+    assert proc.returncode == 0, f"jupyter-book {' '.join(BUILD_CMD)} exited {proc.returncode}:\n" + \
+        "\n".join(warnings or log.splitlines()[-40:])
+    assert not warnings, "the build printed warnings:\n" + "\n".join(warnings)
+    html = REPO / "_build" / "html"
+    assert (html / "index.html").exists()
+    return html

@@ -1,0 +1,141 @@
+"""The chapters: they run on a CPU in the smoke preset, and their committed outputs are a clean GPU run."""
+import ast
+import json
+import re
+
+import pytest
+
+from conftest import REPO
+
+NOTEBOOKS = sorted((REPO / "notebooks").glob("[0-9]*.ipynb"))
+IDS = [nb.stem for nb in NOTEBOOKS]
+WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
+# the provenance printout, e.g. "       gpu: NVIDIA H200" or "'gpu': 'NVIDIA H200'"
+GPU_LINE = re.compile(r"""\bgpu['"]?\s*:\s*['"]?NVIDIA\b""", re.IGNORECASE)
+SMOKE_CELL_TIMEOUT_S = 1800
+
+
+def load(path):
+    return json.loads(path.read_text())
+
+
+def code_cells(nb):
+    return [c for c in nb["cells"] if c["cell_type"] == "code"]
+
+
+def output_text(output):
+    """The text an output shows: stream text, or the text/plain of a result or display."""
+    if output.get("output_type") == "stream":
+        text = output.get("text", "")
+    else:
+        text = output.get("data", {}).get("text/plain", "")
+    return "".join(text) if isinstance(text, list) else text
+
+
+def errors(nb):
+    """(cell index, 'ename: evalue') for every error output."""
+    return [(i, f"{o.get('ename')}: {o.get('evalue')}") for i, c in enumerate(nb["cells"])
+            if c["cell_type"] == "code" for o in c.get("outputs", []) if o.get("output_type") == "error"]
+
+
+def unexecuted(nb):
+    """Indexes of code cells with no execution_count (never run)."""
+    return [i for i, c in enumerate(nb["cells"]) if c["cell_type"] == "code" and c.get("execution_count") is None]
+
+
+def test_there_are_chapters():
+    assert NOTEBOOKS, "no notebooks/[0-9]*.ipynb"
+
+
+# (a) every chapter runs top to bottom on a CPU in the smoke preset ---------------------------------
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=IDS)
+def test_runs_in_smoke_preset_on_cpu(notebook, tmp_path, monkeypatch):
+    from utils.run_book import execute
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # inherited by the papermill kernel
+    executed = execute(notebook, preset="smoke", out_dir=tmp_path, timeout=SMOKE_CELL_TIMEOUT_S)
+    assert executed.parent == tmp_path, "the committed notebook must not be overwritten"
+    nb = load(executed)
+    assert not unexecuted(nb), f"code cells that did not run: {unexecuted(nb)}"
+    assert not errors(nb), f"error outputs: {errors(nb)}"
+    params = [c for c in code_cells(nb) if "injected-parameters" in c["metadata"].get("tags", [])]
+    assert params and 'PRESET = "smoke"' in "".join(params[0]["source"]), "PRESET was not injected"
+
+
+# (b) the committed notebooks carry the outputs of a clean run on an NVIDIA GPU ---------------------
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=IDS)
+def test_committed_outputs_are_a_clean_gpu_run(notebook):
+    nb = load(notebook)
+    cells = code_cells(nb)
+    assert cells, "no code cells"
+    missing = unexecuted(nb)
+    assert not missing, f"code cells without outputs of a run (execution_count is null): {missing}; " \
+                        "run the chapter on a GPU (python -m utils.run_book) and commit it with its outputs"
+    counts = [c["execution_count"] for c in cells]
+    assert counts == sorted(counts) and len(set(counts)) == len(counts), \
+        f"cells were not run once each, top to bottom: execution counts {counts}"
+    assert not errors(nb), f"error outputs: {errors(nb)}"
+    texts = [output_text(o) for c in cells for o in c.get("outputs", [])]
+    assert any(GPU_LINE.search(t) for t in texts), \
+        "no provenance printout naming an NVIDIA GPU ('gpu: NVIDIA ...') in the outputs"
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=IDS)
+def test_has_a_parameters_cell(notebook):
+    tagged = [c for c in code_cells(load(notebook)) if "parameters" in c["metadata"].get("tags", [])]
+    assert len(tagged) == 1, f"{len(tagged)} code cells tagged 'parameters' (papermill needs exactly one)"
+    assert re.search(r"^PRESET\s*=", "".join(tagged[0]["source"]), re.M), "the parameters cell sets no PRESET"
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=IDS)
+def test_widget_state_is_stored(notebook):
+    """The site renders widgets from the state stored in the notebook (papermill stores it)."""
+    state = load(notebook)["metadata"].get("widgets", {}).get(WIDGET_STATE, {}).get("state")
+    assert state, f"no stored widget state (metadata.widgets[{WIDGET_STATE!r}]): the site will show no widget"
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=IDS)
+def test_glued_values_show_as_recorded(notebook):
+    """{glue:text} on the site shows what the notebook glued, for every value the prose uses.
+
+    myst-nb passes a glued text/plain value through ast.literal_eval before showing it, so a bare
+    string such as 5,591 would be shown as the tuple (5, 591).
+    """
+    from myst_nb.core.variables import format_plain_text
+
+    nb = load(notebook)
+    prose = "".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
+    used = set(re.findall(r"\{glue(?::\w+)?\}`([^`:]+)", prose))
+    wrong = []
+    for cell in code_cells(nb):
+        for output in cell.get("outputs", []):
+            scrapbook = output.get("metadata", {}).get("scrapbook")
+            if not scrapbook or scrapbook.get("name") not in used:  # only what the site shows
+                continue
+            prefix = scrapbook.get("mime_prefix", "")
+            text = output.get("data", {}).get(prefix + "text/plain")
+            if text is None:
+                continue
+            text = "".join(text) if isinstance(text, list) else text
+            shown = format_plain_text(text, "s")
+            try:
+                value = ast.literal_eval(text)
+            except (SyntaxError, ValueError):
+                value = text
+            if shown != text and not (isinstance(value, str) and shown == value):
+                wrong.append(f"{scrapbook['name']}: glued {text!r}, the site shows {shown!r}")
+    assert not wrong, "glued values the site would misquote:\n" + "\n".join(wrong)
+
+
+# (c) the Colab set-up cell fetches this book's repository ----------------------------------------
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=IDS)
+def test_colab_setup_uses_the_repository_url(notebook, repository_url):
+    first = "".join(code_cells(load(notebook))[0]["source"])
+    assert "google.colab" in first, "the first code cell is not the Colab set-up"
+    urls = re.findall(r"https://github\.com/[\w.-]+/[\w.-]+", first)
+    assert urls, "the Colab set-up cell fetches no GitHub repository"
+    assert all(u.removesuffix(".git") == repository_url for u in urls), \
+        f"the Colab set-up cell uses {urls}, _config.yml says {repository_url}"
