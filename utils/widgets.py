@@ -19,7 +19,7 @@ def compile_panel(make_model, make_inputs, sizes, device, workload="panel", min_
     backend = w.Dropdown(options=BACKENDS, value="inductor", description="backend")
     fullgraph = w.Checkbox(value=False, description="fullgraph")
     dynamic = w.Dropdown(options=[("None (default)", None), ("False", False), ("True", True)],
-                         value=None, description="dynamic")
+                         index=0, description="dynamic")  # value=None would mean "nothing selected"
     size = w.Dropdown(options=list(sizes.items()), description="size")
     run = w.Button(description="Run", button_style="primary")
     out = w.Output()
