@@ -11,6 +11,11 @@ REPO = Path(__file__).resolve().parent.parent
 # notebook kernels papermill starts (they inherit this environment) share it with each other
 # and with the library tests. /.cache/ is git-ignored.
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(REPO / ".cache" / "inductor"))
+# Cora and CiteSeer's raw files, laid beside the checkout for tests and CI (read-only there:
+# utils.gnn.load_cora reads a temporary copy of a folder it cannot write to).
+SHARED_PLANETOID = REPO.parent / "shared" / "data" / "planetoid"
+if SHARED_PLANETOID.is_dir():
+    os.environ.setdefault("PLANETOID_ROOT", str(SHARED_PLANETOID))
 if str(REPO) not in sys.path:  # `import utils` from the repository, however pytest is started
     sys.path.insert(0, str(REPO))
 
