@@ -100,6 +100,14 @@ def test_time_fn_measures_a_known_duration():
     assert timing.runs >= 20
 
 
+def test_time_fn_spends_few_calls_on_a_slow_function():
+    calls = []
+    timing = utils.time_fn(lambda: (calls.append(1), time.sleep(0.05)), min_run_time=0.1, warmup=1)
+    assert 50 <= timing.median_ms < 100
+    assert timing.runs == 5  # min_blocks blocks of one call, not 20
+    assert len(calls) <= 1 + 3 + 5 * 3  # warm-up, probe, and blocks with Timer's untimed calls
+
+
 def test_time_first_call_returns_seconds_and_output():
     seconds, out = utils.time_first_call(lambda: (time.sleep(0.05), 7)[1])
     assert out == 7 and 0.05 <= seconds < 0.5

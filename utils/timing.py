@@ -21,13 +21,21 @@ def sync():
         torch.cuda.synchronize()
 
 
-def time_fn(fn, *, min_run_time=1.0, warmup=3, blocks=20):
-    """Steady-state time of fn(): warm-up, then `blocks` timed blocks of torch.utils.benchmark (chapter 1)."""
+def time_fn(fn, *, min_run_time=1.0, warmup=3, blocks=20, min_blocks=5):
+    """Steady-state time of fn(): warm-up, then up to `blocks` timed blocks of torch.utils.benchmark (chapter 1).
+
+    Fast functions get `blocks` blocks of many calls sharing about `min_run_time`; slow ones (a
+    call near min_run_time or longer) get `min_blocks` blocks of one call, so a spread is always
+    measured without spending minutes on a multi-second call.
+    """
     for _ in range(warmup):
         fn()
     timer = Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
-    one_call_s = timer.timeit(1).mean
-    calls_per_block = max(1, int(min_run_time / blocks / max(one_call_s, 1e-9)))
+    one_call_s = max(timer.timeit(1).mean, 1e-9)
+    # Timer.timeit runs two untimed calls before each timed block: count them in the budget
+    affordable = int(min_run_time / (3 * one_call_s))
+    blocks = min(blocks, max(min_blocks, affordable))
+    calls_per_block = max(1, int(min_run_time / blocks / one_call_s))
     times_ms = torch.tensor([timer.timeit(calls_per_block).mean * 1e3 for _ in range(blocks)],
                             dtype=torch.float64)
     p10, p50, p90 = torch.quantile(times_ms, torch.tensor([0.1, 0.5, 0.9], dtype=torch.float64)).tolist()

@@ -1,0 +1,144 @@
+"""Chapter 3's helpers (utils/llm.py): roofline arithmetic, offline loading, greedy decoding against generate."""
+import os
+
+import pytest
+import torch
+
+from utils import llm
+
+TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=1, head_dim=8,
+            intermediate_size=64, vocab_size=128, max_position_embeddings=256)
+
+
+def gemma_params(c):
+    """Gemma's parameter count by hand: tied embedding, per-layer attention, gated MLP and two norms, final norm."""
+    h, hd, i = c["hidden_size"], c["head_dim"], c["intermediate_size"]
+    heads, kv = c["num_attention_heads"], c["num_key_value_heads"]
+    layer = h * heads * hd + 2 * h * kv * hd + heads * hd * h + 3 * h * i + 2 * h
+    return c["vocab_size"] * h + c["num_hidden_layers"] * layer + h
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return llm.build_model(llm.gemma_config(**TINY, initializer_range=0.3), "cpu", torch.float32)
+
+
+def test_gemma_2b_weight_bytes():
+    model = llm.build_model(llm.gemma_config(**llm.GEMMA_2B), "meta", torch.bfloat16)
+    n = sum(p.numel() for p in model.parameters())
+    assert n == gemma_params(llm.GEMMA_2B) == 2_506_172_416  # about 2.5 B
+    buffers = sum(b.numel() * b.element_size() for b in model.buffers())
+    assert llm.weight_bytes(model) == 2 * n + buffers  # the tied lm_head counted once
+    assert 5.0e9 < llm.weight_bytes(model) < 5.1e9
+
+
+def test_kv_cache_and_roofline_arithmetic():
+    config = llm.gemma_config(**llm.GEMMA_2B)
+    # 2 (K and V) x 18 layers x 1 KV head x 256 dims x 2 bytes per position and sequence
+    assert llm.kv_cache_bytes(config, 1, 1, torch.bfloat16) == 18_432
+    assert llm.kv_cache_bytes(config, 4, 100, torch.float32) == 2 * 18 * 256 * 400 * 4
+    model = llm.build_model(config, "meta", torch.bfloat16)
+    step = llm.bytes_per_step(model, 2, 50, torch.bfloat16)
+    assert step == llm.weight_bytes(model) + 2 * 50 * 18_432
+    assert llm.roofline_tok_s(4.3e12, 5.0e9) == pytest.approx(860.0)
+    assert llm.roofline_tok_s(4.3e12, 5.0e9, batch=8) == pytest.approx(6880.0)
+    # 10 new tokens: 9 decode steps in 1000 ms - 100 ms of prefill
+    assert llm.decode_tok_s(1000.0, 100.0, 10) == pytest.approx(10.0)
+    assert llm.decode_tok_s(1000.0, 100.0, 10, batch=4) == pytest.approx(40.0)
+    assert llm.decode_tok_s(100.0, 100.0, 10) is None
+
+
+def test_save_pretrained_round_trip_offline(tiny, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    tiny.save_pretrained(tmp_path)
+    loaded = llm.load_model(tmp_path, "cpu", torch.float32)
+    ids = llm.make_prompt(1, 6, TINY["vocab_size"])
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, tiny(ids).logits)
+    assert loaded.generation_config.eos_token_id is None
+
+
+def test_load_model_missing_folder_says_what_is_expected(tmp_path):
+    with pytest.raises(FileNotFoundError, match="save_pretrained"):
+        llm.load_model(tmp_path / "nowhere", "cpu", torch.float32)
+
+
+def test_cache_kwarg_names_a_forward_argument(tiny):
+    import inspect
+
+    assert llm.cache_kwarg(tiny) in inspect.signature(tiny.forward).parameters
+
+
+def test_decode_loop_matches_generate(tiny):
+    prompt = llm.make_prompt(2, 7, TINY["vocab_size"], seed=3)
+    new = 12
+    reference = llm.hf_generate(tiny, prompt, new)[:, 7:]
+    assert len(set(reference.flatten().tolist())) > 3, "the random model should not repeat one token"
+    assert torch.equal(llm.hf_generate(tiny, prompt, new, static=True), llm.hf_generate(tiny, prompt, new))
+    prefill, step = llm.make_prefill(tiny), llm.make_step(tiny)
+    cache = llm.static_cache(tiny, 7 + new)
+    torch._dynamo.reset()
+    compiled = torch.compile(step, fullgraph=True)
+    with torch.no_grad():
+        assert torch.equal(llm.greedy_decode(prefill, step, prompt, cache, new), reference)
+        assert torch.equal(llm.greedy_decode(prefill, compiled, prompt, cache, new), reference)
+        assert torch.equal(llm.greedy_decode(prefill, compiled, prompt, cache, new), reference)  # cache reset
+        eager_logits = llm.first_step_logits(prefill, step, prompt, cache)
+        compiled_logits = llm.first_step_logits(prefill, compiled, prompt, cache)
+    assert eager_logits.shape == (2, TINY["vocab_size"])
+    torch.testing.assert_close(compiled_logits, eager_logits, atol=1e-4, rtol=1e-4)
+    torch._dynamo.reset()
+
+
+def test_compiled_generate_needs_static_cache(tiny):
+    with pytest.raises(ValueError, match="static"):
+        llm.hf_generate(tiny, llm.make_prompt(1, 4, TINY["vocab_size"]), 2, compiled=True)
+
+
+def test_too_large_size_gives_clear_error(tiny):
+    with pytest.raises(MemoryError, match=r"needs .* GB .* smaller batch"):
+        llm.check_fits(tiny, 10**6, 10**6, llm.free_memory("cpu"))
+    assert llm.check_fits(tiny, 1, 16, llm.free_memory("cpu")) > 0
+    assert llm.is_oom(MemoryError("x")) and llm.is_oom(RuntimeError("CUDA out of memory.")) and not llm.is_oom(
+        ValueError("x"))
+
+
+def test_pad_to_bucket_keeps_last_logits(tiny):
+    ids = llm.make_prompt(1, 9, TINY["vocab_size"])
+    padded, last = llm.pad_to_bucket(ids, [16, 32, 8])
+    assert padded.shape == (1, 16) and last.tolist() == [8] and torch.equal(padded[:, :9], ids)
+    forward = llm.make_forward_last(tiny)
+    with torch.no_grad():
+        torch.testing.assert_close(forward(padded, last), forward(ids, torch.tensor([8])), atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="longer than the largest bucket"):
+        llm.pad_to_bucket(llm.make_prompt(1, 40, 10), [16, 32])
+
+
+def test_copy_bandwidth_is_positive():
+    bandwidth, timing = llm.copy_bandwidth("cpu", megabytes=8, min_run_time=0.05)
+    assert bandwidth > 1e8 and timing.median_ms > 0
+
+
+def test_compile_cache_sets_and_restores_folders(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/somewhere/else")
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    with llm.compile_cache(tmp_path / "c") as folder:
+        assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(folder) and folder.is_dir()
+        assert os.environ["TRITON_CACHE_DIR"] == str(folder / "triton")
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == "/somewhere/else" and "TRITON_CACHE_DIR" not in os.environ
+
+
+def test_budget():
+    budget = llm.Budget(100)
+    assert budget.allows(50) and not budget.allows(200) and budget.spent() >= 0
+
+
+def test_plot_and_panel_build():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    ax = llm.plot_vs_roofline([{"label": "a", "tok_s": 50.0, "ceiling": 100.0},
+                               {"label": "b", "tok_s": 80.0, "ceiling": 100.0}])
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["a", "b"]
+    panel = llm.decode_panel(lambda m, b, p: 1.0, lambda b, p: 2.0, {"eager": None}, [1, 2], [8])
+    assert len(panel.children) == 3

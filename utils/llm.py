@@ -1,0 +1,330 @@
+"""Chapter 3's helpers: a causal LM built from its config, static-cache greedy decoding, the bandwidth roofline.
+
+Works with transformers 5.17 to 5.24 (the forward's cache argument was renamed from `past_key_values` to `cache`).
+"""
+import contextlib
+import inspect
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from .timing import time_fn
+
+# The Gemma-2B architecture (google/gemma-2b's config.json), for GemmaConfig(**GEMMA_2B).
+GEMMA_2B = dict(hidden_size=2048, num_hidden_layers=18, num_attention_heads=8, num_key_value_heads=1,
+                head_dim=256, intermediate_size=16384, vocab_size=256000, max_position_embeddings=8192)
+
+
+def gemma_config(**sizes):
+    """A GemmaConfig from sizes (hidden_size, num_hidden_layers, ...), eager-friendly SDPA attention (chapter 3)."""
+    from transformers import GemmaConfig
+
+    config = GemmaConfig(**sizes)
+    config._attn_implementation = "sdpa"
+    return config
+
+
+def _quiet_generation_config(model):
+    """No end-of-sequence token: every generation runs its full length, whatever random weights say (chapter 3)."""
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = model.config.pad_token_id or 0
+    return model
+
+
+def build_model(config, device, dtype, seed=0):
+    """A causal LM of config's class with random weights, built on device in dtype, in eval mode (chapter 3)."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    return _quiet_generation_config(model.to(device=device, dtype=dtype).eval())
+
+
+def load_model(path, device, dtype):
+    """A causal LM from a local checkpoint folder (save_pretrained's layout), never touching the network (chapter 3)."""
+    from transformers import AutoModelForCausalLM
+
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"No checkpoint at {path}: expected a folder written by save_pretrained "
+                                "(config.json and *.safetensors).")
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True)
+    return _quiet_generation_config(model.to(device).eval())
+
+
+def cache_kwarg(model):
+    """The forward's name for the KV cache: 'cache' (transformers >= 5.2x) or 'past_key_values' (chapter 3)."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def static_cache(model, max_len):
+    """An empty transformers StaticCache of max_len positions, allocated by the first prefill (chapter 3)."""
+    from transformers import StaticCache
+
+    return StaticCache(config=model.config, max_cache_len=max_len)
+
+
+def make_prompt(batch, length, vocab_size, seed=0, device="cpu"):
+    """Random prompt token ids of shape (batch, length), the same for a given seed (chapter 3)."""
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(2, vocab_size, (batch, length), generator=generator).to(device)
+
+
+def make_prefill(model):
+    """prefill(prompt, cache) -> logits at the last position, filling the cache (chapter 3)."""
+    key = cache_kwarg(model)
+
+    def prefill(prompt, cache):
+        out = model(input_ids=prompt, use_cache=True, logits_to_keep=1, **{key: cache})
+        return out.logits[:, -1]
+    return prefill
+
+
+def make_step(model):
+    """step(token, cache) -> (next greedy token, logits): one decode step, ready for torch.compile (chapter 3)."""
+    key = cache_kwarg(model)
+
+    def step(token, cache):
+        out = model(input_ids=token, use_cache=True, **{key: cache})
+        logits = out.logits[:, -1]
+        return logits.argmax(dim=-1, keepdim=True), logits
+    return step
+
+
+def greedy_decode(prefill, step, prompt, cache, new_tokens):
+    """Greedy decoding with a static cache: prefill, then new_tokens - 1 steps, no host sync in the loop (chapter 3)."""
+    cache.reset()
+    token = prefill(prompt, cache).argmax(dim=-1, keepdim=True)
+    tokens = [token]
+    for _ in range(new_tokens - 1):
+        torch.compiler.cudagraph_mark_step_begin()  # a new CUDA-graph iteration: the last outputs may be reused
+        token, _ = step(token, cache)
+        token = token.clone()  # the next replay overwrites the graph's output buffer
+        tokens.append(token)
+    return torch.cat(tokens, dim=1)
+
+
+def first_step_logits(prefill, step, prompt, cache):
+    """Logits of the first decode step after the prompt (a copy), to compare variants numerically (chapter 3)."""
+    cache.reset()
+    token = prefill(prompt, cache).argmax(dim=-1, keepdim=True)
+    torch.compiler.cudagraph_mark_step_begin()
+    _, logits = step(token, cache)
+    return logits.float().clone()
+
+
+def make_forward_last(model):
+    """forward(ids, last) -> logits at position(s) `last` (a tensor), no cache: a prefill's work (chapter 3)."""
+    def forward(ids, last):
+        return model(input_ids=ids, use_cache=False, logits_to_keep=last).logits[:, -1]
+    return forward
+
+
+def pad_to_bucket(ids, buckets, pad_id=0):
+    """Right-pad ids to the smallest bucket that holds them; returns (padded ids, last real position) (chapter 3)."""
+    # With causal attention no real position attends to the padding after it, so no attention mask is needed.
+    length = ids.shape[1]
+    fits = [b for b in sorted(buckets) if b >= length]
+    if not fits:
+        raise ValueError(f"a prompt of {length} tokens is longer than the largest bucket ({max(buckets)}).")
+    padded = torch.nn.functional.pad(ids, (0, fits[0] - length), value=pad_id)
+    return padded, torch.tensor([length - 1], device=ids.device)
+
+
+def hf_generate(model, prompt, new_tokens, *, static=False, compiled=False, compile_config=None, **kwargs):
+    """transformers' generate, greedy, exactly new_tokens new tokens; eager unless compiled=True (chapter 3)."""
+    if compiled and not static:
+        raise ValueError("transformers only compiles generate's forward with a static cache: pass static=True.")
+    options = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                   attention_mask=torch.ones_like(prompt), **kwargs)
+    if static:
+        options["cache_implementation"] = "static"
+    if compiled:
+        if compile_config is not None:
+            options["compile_config"] = compile_config
+    else:
+        options["disable_compile"] = True
+    with torch.no_grad():
+        return model.generate(prompt, **options)
+
+
+def weight_bytes(model):
+    """Bytes of the model's parameters and buffers, a tied tensor (embedding = lm_head) counted once (chapter 3)."""
+    tensors = list(model.parameters()) + list(model.buffers())  # both skip a tensor met before
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def kv_cache_bytes(config, batch, length, dtype):
+    """Bytes of keys and values for `length` positions of `batch` sequences, over all layers (chapter 3)."""
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    return 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * length * batch * itemsize
+
+
+def bytes_per_step(model, batch, context, dtype):
+    """Bytes a decode step must read at least: every weight once, plus the KV cache at `context` (chapter 3)."""
+    return weight_bytes(model) + kv_cache_bytes(model.config, batch, context, dtype)
+
+
+def roofline_tok_s(bandwidth, bytes_step, batch=1):
+    """The memory-bandwidth ceiling on decode tokens/s: batch tokens per step, bytes_step read per step (chapter 3)."""
+    return batch * bandwidth / bytes_step
+
+
+def decode_tok_s(full_ms, prefill_ms, new_tokens, batch=1):
+    """Decode tokens/s: batch*(new_tokens-1) step tokens over (whole generation - prefill alone) (chapter 3)."""
+    step_ms = full_ms - prefill_ms
+    return batch * (new_tokens - 1) / (step_ms / 1e3) if step_ms > 0 else None
+
+
+def copy_bandwidth(device, megabytes=1024, min_run_time=0.5):
+    """Bandwidth of a large device-to-device copy, bytes read + written per second: (B/s, Timing) (chapter 3)."""
+    n = megabytes * 2**20 // 4
+    src = torch.ones(n, dtype=torch.float32, device=device)
+    dst = torch.empty_like(src)
+    timing = time_fn(lambda: dst.copy_(src), min_run_time=min_run_time)
+    return 2 * src.nbytes / (timing.median_ms / 1e3), timing
+
+
+def free_memory(device):
+    """Bytes of memory free on device: the GPU's free memory, or the machine's available RAM for 'cpu' (chapter 3)."""
+    if str(device).startswith("cuda"):
+        return torch.cuda.mem_get_info()[0]
+    try:
+        with open("/proc/meminfo") as f:
+            info = dict(line.split(":", 1) for line in f)
+        return int(info["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def check_fits(model, batch, max_len, free_bytes, dtype=None):
+    """Raise a clear MemoryError when a KV cache of batch x max_len (plus logits) exceeds free_bytes (chapter 3)."""
+    dtype = dtype or model.dtype
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    need = kv_cache_bytes(model.config, batch, max_len, dtype) + 2 * batch * model.config.vocab_size * itemsize
+    if need > free_bytes:
+        raise MemoryError(f"batch {batch} x {max_len} positions needs {need / 1e9:.1f} GB for its KV cache and "
+                          f"logits, but only {free_bytes / 1e9:.1f} GB is free: use a smaller batch or shorter "
+                          "sequences.")
+    return need
+
+
+def is_oom(error):
+    """Whether an exception is an out-of-memory error, on GPU or CPU (chapter 3)."""
+    return isinstance(error, (torch.cuda.OutOfMemoryError, MemoryError)) or "out of memory" in str(error).lower()
+
+
+@contextlib.contextmanager
+def compile_cache(folder):
+    """Inductor and Triton caches in `folder`, in-memory ones cleared: empty = cold, filled = warm (chapter 3)."""
+    import torch._inductor.utils as inductor_utils
+
+    clear = (getattr(inductor_utils, "clear_caches", None) or getattr(inductor_utils, "clear_inductor_caches", None)
+             or (lambda: None))  # named clear_inductor_caches before torch 2.8
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    saved = {k: os.environ.get(k) for k in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
+    clear()
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(folder)
+    os.environ["TRITON_CACHE_DIR"] = str(folder / "triton")
+    try:
+        yield folder
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def free_compiled():
+    """Forget compiled code and CUDA graphs and return cached GPU memory, between configurations (chapter 3)."""
+    import gc
+
+    torch._dynamo.reset()
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def glue_num(value, digits=1, missing="n/a"):
+    """A measured number as text for glue: fixed digits, thousands separated; `missing` for None (chapter 3)."""
+    return missing if value is None else f"{value:,.{digits}f}"
+
+
+class Budget:
+    """Seconds left of a run's time budget, so optional measurements are skipped with a message (chapter 3)."""
+
+    def __init__(self, seconds):
+        self.seconds, self.start = seconds, time.perf_counter()
+
+    def spent(self):
+        """Seconds since the budget started (chapter 3)."""
+        return time.perf_counter() - self.start
+
+    def allows(self, seconds):
+        """Whether `seconds` more work still fits in the budget (chapter 3)."""
+        return self.spent() + seconds <= self.seconds
+
+
+def decode_panel(run, ceiling, modes, batches, prompt_lens, rows=None):
+    """Dropdowns for mode, batch, prompt length; Run measures decode tok/s and plots it by its roofline (chapter 3)."""
+    # run(mode, batch, prompt_len) -> tok/s (or raises); ceiling(batch, prompt_len) -> the roofline's tok/s.
+    import ipywidgets as w
+    import matplotlib.pyplot as plt
+    from IPython.display import display
+
+    mode = w.Dropdown(options=list(modes), value=list(modes)[0], description="mode")
+    batch = w.Dropdown(options=list(batches), value=list(batches)[0], description="batch")
+    prompt_len = w.Dropdown(options=list(prompt_lens), value=list(prompt_lens)[0], description="prompt")
+    button = w.Button(description="Run", button_style="primary")
+    out = w.Output()
+    rows = rows if rows is not None else []
+
+    def on_run(_):
+        with out:
+            out.clear_output(wait=True)
+            print(f"compiling and timing {mode.value}, batch {batch.value}, prompt {prompt_len.value} ...")
+            try:
+                tok_s = run(mode.value, batch.value, prompt_len.value)
+            except Exception as error:  # a failed run is a result: say why and keep the panel alive
+                print(f"failed: {type(error).__name__}: {str(error).splitlines()[0][:300]}")
+                return
+            rows.append({"label": f"{mode.value}\nb{batch.value} p{prompt_len.value}", "tok_s": tok_s,
+                         "ceiling": ceiling(batch.value, prompt_len.value)})
+            out.clear_output(wait=True)
+            plot_vs_roofline(rows)
+            plt.show()
+            print(f"{tok_s:,.0f} tok/s = {tok_s / rows[-1]['ceiling']:.2f} of the roofline")
+
+    button.on_click(on_run)
+    panel = w.VBox([w.HBox([mode, batch]), w.HBox([prompt_len, button]), out])
+    display(panel)
+    return panel
+
+
+def plot_vs_roofline(rows, ax=None, title="decode tokens/s against the memory-bandwidth roofline"):
+    """Bars of tok_s per row, each with its roofline ceiling drawn as a dashed line across it (chapter 3)."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(8, 3.8))
+    xs = range(len(rows))
+    bars = ax.bar(xs, [r["tok_s"] for r in rows], color="tab:blue")
+    for x, row in zip(xs, rows):
+        ax.hlines(row["ceiling"], x - 0.4, x + 0.4, colors="tab:red", linestyles="--",
+                  label="roofline (bandwidth / bytes per token)" if x == 0 else None)
+    for bar, row in zip(bars, rows):
+        ax.annotate(f"{row['tok_s'] / row['ceiling']:.0%}", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                    ha="center", va="bottom", fontsize="small")
+    ax.set_xticks(list(xs))
+    ax.set_xticklabels([r["label"] for r in rows], rotation=15, ha="right", fontsize="small")
+    ax.set_ylabel("tokens / s")
+    ax.set_title(title)
+    ax.legend(fontsize="small", loc="upper left")
+    ax.figure.tight_layout()
+    return ax
