@@ -233,3 +233,15 @@ def test_kernels_per_call_is_none_without_a_gpu():
     if torch.cuda.is_available():
         pytest.skip("a GPU is visible")
     assert gnn.kernels_per_call(lambda: None) is None
+
+
+def test_gnn_panel_runs_a_measurement_on_click():
+    import matplotlib
+    matplotlib.use("Agg")
+    graph = gnn.synthetic_graph(num_nodes=200, num_edges=1000, num_features=8)
+    panel = gnn.gnn_panel(graph, "cpu", hiddens=(8,), num_layers=2, min_run_time=0.05)
+    buttons = [c for c in panel.children if getattr(c, "description", "") == "Run"]
+    assert len(buttons) == 1
+    buttons[0].click()
+    assert [r["variant"] for r in panel.rows] == ["eager", "default"]
+    assert all(r["status"] == "ok" for r in panel.rows), panel.rows

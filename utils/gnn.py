@@ -330,16 +330,14 @@ def neighbor_batches(data, num_neighbors, batch_size, num_batches, seed=0):
 def gnn_panel(graph, device, hiddens=(16, 64, 256), num_layers=3, min_run_time=0.5):
     """Dropdowns for model, hidden size, dynamic and mode; Run compiles, times forward+backward and plots (chapter 4)."""
     import ipywidgets as w
-    import matplotlib.pyplot as plt
     from IPython.display import display
 
-    from .plots import grouped_bars
-    from .widgets import MODES
+    from .widgets import MODES, add_and_show
 
     model = w.Dropdown(options=list(MODELS), value="GraphSAGE", description="model")
     hidden = w.Dropdown(options=list(hiddens), value=64 if 64 in hiddens else hiddens[0], description="hidden")
     dynamic = w.Dropdown(options=[("None (default)", None), ("False", False), ("True", True)],
-                         value=None, description="dynamic")
+                         index=0, description="dynamic")  # value=None would mean "nothing selected"
     mode = w.Dropdown(options=MODES, value="default", description="mode")
     run = w.Button(description="Run", button_style="primary")
     out = w.Output()
@@ -356,17 +354,8 @@ def gnn_panel(graph, device, hiddens=(16, 64, 256), num_layers=3, min_run_time=0
             new = compare(lambda: make_gnn(kind, x.size(1), size, num_layers).to(device), (x, edge_index, grad),
                           [config], workload=f"{kind} h{size}", device=device, run=run_forward_backward,
                           min_run_time=min_run_time)
-            for row in new:
-                eager_known = any(r["workload"] == row["workload"] and r["variant"] == "eager" for r in rows)
-                if row["variant"] != "eager" or not eager_known:
-                    rows.append(row)
             out.clear_output(wait=True)
-            grouped_bars(rows, "speedup", title="forward+backward speedup over eager (your runs)")
-            plt.show()
-            for r in new:
-                detail = (f"{r['median_ms']:.3f} ms, compile {r['compile_s']:.1f} s, speedup {r['speedup']:.2f}x"
-                          if r["status"] == "ok" else r["status"])
-                print(f"{r['workload']:>16} {r['variant']:<28} {detail}")
+            add_and_show(rows, new, "forward+backward speedup over eager (your runs)")
 
     run.on_click(on_run)
     panel = w.VBox([w.HBox([model, hidden]), w.HBox([dynamic, mode]), run, out])

@@ -33,20 +33,25 @@ def compile_panel(make_model, make_inputs, sizes, device, workload="panel", min_
             print(f"compiling and timing {config} at {size.label} ...")
             new = compare(make_model, make_inputs(size.value), [config], workload=f"{workload} {size.label}",
                           device=device, min_run_time=min_run_time)
-            for row in new:
-                eager_known = any(r["workload"] == row["workload"] and r["variant"] == "eager" for r in rows)
-                if row["variant"] != "eager" or not eager_known:
-                    rows.append(row)
             out.clear_output(wait=True)
-            grouped_bars(rows, "speedup", title="speedup over eager (your runs)")
-            plt.show()
-            for r in new:
-                detail = (f"{r['median_ms']:.3f} ms, compile {r['compile_s']:.1f} s, speedup {r['speedup']:.2f}x"
-                          if r["status"] == "ok" else r["status"])
-                print(f"{r['workload']:>20} {r['variant']:<32} {detail}")
+            add_and_show(rows, new, "speedup over eager (your runs)")
 
     run.on_click(on_run)
     panel = w.VBox([w.HBox([mode, backend]), w.HBox([dynamic, size]), w.HBox([fullgraph, run]), out])
     panel.rows = rows  # the measurements made so far, for reading back in code
     display(panel)
     return panel
+
+
+def add_and_show(rows, new, title):
+    """Add a Run's measurements to a panel's rows (eager once per workload), plot them, print the new ones (chapter 1)."""
+    for row in new:
+        eager_known = any(r["workload"] == row["workload"] and r["variant"] == "eager" for r in rows)
+        if row["variant"] != "eager" or not eager_known:
+            rows.append(row)
+    grouped_bars(rows, "speedup", title=title)
+    plt.show()
+    for r in new:
+        detail = (f"{r['median_ms']:.3f} ms, compile {r['compile_s']:.1f} s, speedup {r['speedup']:.2f}x"
+                  if r["status"] == "ok" else r["status"])
+        print(f"{r['workload']:>20} {r['variant']:<32} {detail}")
