@@ -1,0 +1,264 @@
+"""Chapter 2's helpers: training steps for ResNet-50 and a GPT-style decoder, MFU, accumulation, regional compile."""
+import contextlib
+
+import ipywidgets as w
+import matplotlib.pyplot as plt
+import torch
+import torch.nn.functional as F
+from IPython.display import display
+from torch import nn
+
+from .compare import compare
+from .models import Block
+from .timing import time_first_call, time_fn
+from .widgets import add_and_show
+
+
+# --- models ---------------------------------------------------------------------------------------
+
+class GPT(nn.Module):
+    """A GPT-style decoder: token and position embeddings, Blocks, final LayerNorm, tied LM head (chapter 2)."""
+
+    def __init__(self, vocab, seq_len, n_layers, d_model, n_heads):
+        super().__init__()
+        self.tok = nn.Embedding(vocab, d_model)
+        self.pos = nn.Embedding(seq_len, d_model)
+        self.blocks = nn.ModuleList(Block(d_model, n_heads) for _ in range(n_layers))
+        self.ln_f = nn.LayerNorm(d_model)
+        self.head = nn.Linear(d_model, vocab, bias=False)
+        self.head.weight = self.tok.weight  # tied, as in GPT-2
+        nn.init.normal_(self.tok.weight, std=0.02)  # GPT-2's scale: the first loss is near log(vocab)
+        nn.init.normal_(self.pos.weight, std=0.02)
+
+    def forward(self, tokens):
+        x = self.tok(tokens) + self.pos(torch.arange(tokens.shape[1], device=tokens.device))
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln_f(x))
+
+
+def make_gpt(vocab, seq_len, n_layers, d_model, n_heads, device, lr=3e-4, fused=None):
+    """A GPT with fp32 weights on device and an AdamW optimizer at `model.optimizer` (chapter 2)."""
+    model = GPT(vocab, seq_len, n_layers, d_model, n_heads).to(device)
+    model.optimizer = torch.optim.AdamW(model.parameters(), lr=lr, fused=fused)
+    return model
+
+
+def make_resnet(layers, num_classes, device, lr=0.1):
+    """torchvision's ResNet-50 when layers is [3, 4, 6, 3] (else a shallower Bottleneck ResNet), channels_last, SGD momentum (chapter 2)."""
+    import torchvision
+    from torchvision.models.resnet import Bottleneck, ResNet
+
+    if list(layers) == [3, 4, 6, 3]:
+        model = torchvision.models.resnet50(weights=None, num_classes=num_classes)
+    else:
+        model = ResNet(Bottleneck, list(layers), num_classes=num_classes)
+    model = model.to(device, memory_format=torch.channels_last)
+    model.optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    return model
+
+
+def image_batch(batch, size, num_classes, device, seed=0):
+    """Random images (channels_last) and labels (chapter 2)."""
+    g = torch.Generator().manual_seed(seed)
+    images = torch.randn(batch, 3, size, size, generator=g).to(device, memory_format=torch.channels_last)
+    return images, torch.randint(0, num_classes, (batch,), generator=g).to(device)
+
+
+def token_batch(batch, seq_len, vocab, device, seed=0):
+    """Random token ids and the next-token targets (chapter 2)."""
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, vocab, (batch, seq_len + 1), generator=g).to(device)
+    return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+
+
+# --- the training step ----------------------------------------------------------------------------
+
+def autocast(device):
+    """bf16 autocast on a GPU, nothing on a CPU (the smoke run trains in fp32) (chapter 2)."""
+    if device == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def step_begin():
+    """Tell CUDA graphs (reduce-overhead) a new step starts; a no-op on CPU or while traced (chapter 2)."""
+    if torch.cuda.is_available() and not torch.compiler.is_compiling():
+        torch.compiler.cudagraph_mark_step_begin()
+
+
+def loss_of(model, x, y):
+    """Cross-entropy of model(x) against y, under autocast on a GPU (chapter 2)."""
+    with autocast(x.device.type):
+        out = model(x)
+    return F.cross_entropy(out.float().flatten(0, -2), y.flatten())
+
+
+def train_step(model, inputs):
+    """compare()'s `run`: zero grads, forward, loss, backward, optimizer step; returns the loss (chapter 2)."""
+    step_begin()
+    x, y = inputs
+    model.optimizer.zero_grad(set_to_none=True)
+    loss = loss_of(model, x, y)
+    loss.backward()
+    model.optimizer.step()
+    return loss.detach()
+
+
+def accumulate_grads(model, micro_batches):
+    """Backward of each micro-batch's loss / n, gradients summed in .grad; returns the mean loss (chapter 2)."""
+    model.zero_grad(set_to_none=True)
+    total = 0.0
+    for x, y in micro_batches:
+        loss = loss_of(model, x, y) / len(micro_batches)
+        loss.backward()
+        total += loss.detach()
+    return total
+
+
+def split_batch(inputs, n):
+    """Cut a batch (x, y) into n micro-batches of equal size (chapter 2)."""
+    x, y = inputs
+    if x.shape[0] % n:
+        raise ValueError(f"batch {x.shape[0]} does not split into {n} equal micro-batches")
+    return list(zip(x.chunk(n), y.chunk(n)))
+
+
+def loss_curve(model, batches, steps):
+    """Losses of `steps` training steps cycling through `batches` (chapter 2)."""
+    return [train_step(model, batches[i % len(batches)]).item() for i in range(steps)]
+
+
+# --- arithmetic: FLOPs and MFU ----------------------------------------------------------------------
+
+def gpt_train_flops(model, tokens):
+    """FLOPs of one training step: 6 x non-embedding params x tokens + 12 x layers x d_model x seq x tokens (attention) (chapter 2)."""
+    n_params = sum(p.numel() for p in model.parameters()) - model.tok.weight.numel() - model.pos.weight.numel()
+    n_layers, d_model = len(model.blocks), model.tok.weight.shape[1]
+    seq_len = model.pos.weight.shape[0]
+    # the LM head's matmul is tied to the embedding, so add it back: 6 x vocab x d_model per token
+    head = model.tok.weight.numel()
+    return 6 * (n_params + head) * tokens + 12 * n_layers * d_model * seq_len * tokens
+
+
+def mfu(flops, seconds, peak_flops_per_s):
+    """Model FLOPs utilisation: achieved FLOP/s over the peak rate (chapter 2)."""
+    return flops / seconds / peak_flops_per_s
+
+
+def matmul_flops_per_s(n, device, dtype, min_run_time=1.0):
+    """Measured rate of an n x n x n matmul in FLOP/s: the ceiling MFU is measured against (chapter 2)."""
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    timing = time_fn(lambda: a @ b, min_run_time=min_run_time)
+    return 2 * n ** 3 / (timing.median_ms / 1e3)
+
+
+# --- optimizer, compiled autograd, regional compilation ---------------------------------------------
+
+def fill_grads(model, seed=0):
+    """Give every parameter a random gradient, so optimizer steps can be timed alone (chapter 2)."""
+    g = torch.Generator().manual_seed(seed)
+    for p in model.parameters():
+        p.grad = (torch.randn(p.shape, generator=g) * 1e-3).to(p.device, p.dtype)
+
+
+def time_optimizer_step(step, min_run_time=1.0):
+    """Cold first call (compile, if any) and steady-state time of an optimizer step (chapter 2)."""
+    first_s, _ = time_first_call(step)
+    timing = time_fn(step, min_run_time=min_run_time)
+    return {"compile_s": first_s, "median_ms": timing.median_ms, "p10_ms": timing.p10_ms, "p90_ms": timing.p90_ms}
+
+
+class LossBackward(nn.Module):
+    """Forward, loss and backward in one module, so compiled autograd can capture the backward (chapter 2)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+        self.optimizer = model.optimizer
+
+    def forward(self, x, y):
+        loss = loss_of(self.model, x, y)
+        loss.backward()
+        return loss.detach()
+
+
+def loss_backward_step(module, inputs):
+    """compare()'s `run` for a LossBackward: zero grads, forward + backward, optimizer step (chapter 2)."""
+    step_begin()
+    module.optimizer.zero_grad(set_to_none=True)
+    loss = module(*inputs)
+    module.optimizer.step()
+    return loss
+
+
+def regional_compile(model, **compile_kwargs):
+    """Compile each transformer block in place (`block.compile()`), leaving the rest eager; returns model (chapter 2)."""
+    for block in model.blocks:
+        block.compile(**compile_kwargs)
+    return model
+
+
+def cold_start(model, inputs, min_run_time=1.0):
+    """First training step with Inductor's caches off (cold compile seconds), then the steady step time (chapter 2)."""
+    torch._dynamo.reset()
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+    with torch._inductor.config.patch(force_disable_caches=True):
+        cold_s, _ = time_first_call(lambda: train_step(model, inputs))
+    timing = time_fn(lambda: train_step(model, inputs), min_run_time=min_run_time)
+    peak = torch.cuda.max_memory_allocated() / 1e9 if torch.cuda.is_available() else None
+    return {"compile_s": cold_s, "median_ms": timing.median_ms, "p10_ms": timing.p10_ms,
+            "p90_ms": timing.p90_ms, "peak_mem_gb": peak}
+
+
+def recount_model_breaks(rows, make_model, x):
+    """Replace compare()'s break counts (of the whole step) by the compiled model's own forward breaks (chapter 2)."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    explanation = torch._dynamo.explain(make_model())(x)
+    for row in rows:
+        if row["status"] == "ok" and row["variant"] != "eager":
+            row["graph_breaks"] = explanation.graph_break_count
+    return rows
+
+
+# --- the panel ------------------------------------------------------------------------------------
+
+def training_panel(workloads, device, modes, min_run_time=0.5):
+    """Dropdowns for mode and workload ({label: (make_model, inputs)}); Run compiles a fresh training step, times it, plots (chapter 2)."""
+    mode = w.Dropdown(options=modes, value=modes[0], description="mode")
+    size = w.Dropdown(options=list(workloads), description="model")
+    button = w.Button(description="Run", button_style="primary")
+    out = w.Output()
+    rows = []
+
+    def on_run(_):
+        with out:
+            out.clear_output(wait=True)
+            print(f"compiling and timing mode={mode.value} for {size.value} ...")
+            make_model, inputs = workloads[size.value]
+            new = compare(make_model, inputs, [{"mode": mode.value}], workload=size.value, device=device,
+                          run=train_step, min_run_time=min_run_time)
+            out.clear_output(wait=True)
+            add_and_show(rows, new, "training-step speedup over eager (your runs)")
+
+    button.on_click(on_run)
+    panel = w.VBox([w.HBox([mode, size, button]), out])
+    panel.rows = rows
+    display(panel)
+    return panel
+
+
+def plot_loss_curves(curves, ax=None):
+    """Loss per step, one line per variant, overlaid (chapter 2)."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6, 3.5))
+    for (name, losses), style in zip(curves.items(), ["-", "--", ":", "-."]):
+        ax.plot(range(1, len(losses) + 1), losses, style, label=name)
+    ax.set_xlabel("step")
+    ax.set_ylabel("training loss")
+    ax.legend()
+    ax.figure.tight_layout()
+    return ax
