@@ -1,7 +1,6 @@
 """The small library the book's notebooks share. Each function's docstring names the chapter that teaches it."""
 from .compare import EAGER, break_even_calls, compare, compile_kwargs, tolerance, variant_name
-from .env import (gpu_name, gpu_slug, pick_device, pick_dtype, provenance, require_cuda,
-                  resolve_preset)
+from .env import gpu_name, gpu_slug, pick_device, pick_dtype, provenance, resolve_preset
 from .glue import glue
 from .models import Block, BlockStack, block_stack, count_params
 from .plots import cumulative_time, grouped_bars

@@ -34,13 +34,6 @@ def resolve_preset(preset, presets, device=None):
     return name, presets[name]
 
 
-def require_cuda(what):
-    """Raise a clear error when `what` needs a GPU and none is visible (chapter 1)."""
-    if not torch.cuda.is_available():
-        raise RuntimeError(f"{what} needs a CUDA GPU, and this machine has none. "
-                           "Run the notebook with PRESET='smoke' or on a GPU.")
-
-
 def gpu_name():
     """The GPU's name as the driver reports it, or 'cpu' (chapter 1)."""
     return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
