@@ -181,7 +181,7 @@ def test_regional_compile_compiles_each_block_once_for_all():
 def test_recount_model_breaks_counts_the_model_alone():
     rows = [{"variant": "eager", "status": "ok", "graph_breaks": 0},
             {"variant": "default", "status": "ok", "graph_breaks": 5}]
-    training.recount_model_breaks(rows, tiny_gpt, tokens()[0])
+    training.recount_model_breaks(rows, tiny_gpt, (tokens()[0],))
     assert rows[1]["graph_breaks"] == 0 and rows[0]["graph_breaks"] == 0
 
 

@@ -91,6 +91,12 @@ def measure(make_model, inputs, config, *, run=forward, min_run_time=1.0):
     }, out
 
 
+def cudagraph_step_begin():
+    """Tell CUDA graphs (reduce-overhead) a new step starts; a no-op without a GPU or while traced (chapter 1)."""
+    if torch.cuda.is_available() and not torch.compiler.is_compiling():
+        torch.compiler.cudagraph_mark_step_begin()
+
+
 def count_graph_breaks(make_model, inputs, run=forward):
     """Graphs and graph breaks Dynamo finds in one call, via torch._dynamo.explain (chapter 1)."""
     torch._dynamo.reset()
@@ -98,6 +104,15 @@ def count_graph_breaks(make_model, inputs, run=forward):
     model = make_model()
     explanation = torch._dynamo.explain(lambda *args: run(model, args))(*inputs)
     return explanation.graph_count, explanation.graph_break_count
+
+
+def recount_model_breaks(rows, make_model, model_inputs):
+    """Set compiled rows' graph_breaks to the model's own forward breaks, when `run` did more than a forward (chapter 1)."""
+    _, breaks = count_graph_breaks(make_model, model_inputs)
+    for row in rows:
+        if row["variant"] != "eager" and row.get("status") == "ok":
+            row["graph_breaks"] = breaks
+    return rows
 
 
 def compare(make_model, inputs, configs, *, workload, device, run=forward, min_run_time=1.0, extra=None):

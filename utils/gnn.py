@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .compare import compare, compile_kwargs
+from .compare import compare, compile_kwargs, cudagraph_step_begin, recount_model_breaks  # noqa: F401 (re-exported for chapter 4)
 from .env import REPO_ROOT
 
 CORA_RAW = [f"ind.cora.{name}" for name in ("x", "tx", "allx", "y", "ty", "ally", "graph", "test.index")]
@@ -143,21 +143,15 @@ class TrainStep(nn.Module):
         return train_step(self.model, x, edge_index, y, idx)
 
 
-def _step_begin():
-    """Tell CUDA graphs (mode='reduce-overhead') that a new step starts; a no-op without a GPU or while traced (chapter 4)."""
-    if torch.cuda.is_available() and not torch.compiler.is_compiling():
-        torch.compiler.cudagraph_mark_step_begin()
-
-
 def run_model_step(model, inputs):
     """compare()'s `run` for a compiled model inside an eager training step (chapter 4)."""
-    _step_begin()
+    cudagraph_step_begin()
     return train_step(model, *inputs)
 
 
 def run_whole_step(step, inputs):
     """compare()'s `run` for a TrainStep, compiled as a whole or not (chapter 4)."""
-    _step_begin()
+    cudagraph_step_begin()
     return step(*inputs)
 
 
@@ -166,7 +160,7 @@ def run_forward_backward(model, inputs):
 
     Gradients are reset to None first, so no step accumulates into a CUDA graph's recycled output.
     """
-    _step_begin()
+    cudagraph_step_begin()
     *args, grad = inputs
     model.zero_grad(set_to_none=True)
     for arg in args:
@@ -230,15 +224,6 @@ def explain_counts(fn, *args):
     explanation = torch._dynamo.explain(fn)(*args)
     reasons = [r.reason.strip().splitlines()[0] for r in explanation.break_reasons]
     return explanation.graph_count, explanation.graph_break_count, reasons
-
-
-def recount_model_breaks(rows, make_model, model_inputs):
-    """Set graph_breaks of compiled-model rows to the model's own count (compare explains all of `run`) (chapter 4)."""
-    graphs, breaks, _ = explain_counts(make_model(), *model_inputs)
-    for row in rows:
-        if row["variant"] != "eager" and row.get("status") == "ok":
-            row["graph_breaks"] = breaks
-    return rows
 
 
 # --- synthetic graphs and neighbour sampling ------------------------------------------------------

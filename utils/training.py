@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from IPython.display import display
 from torch import nn
 
-from .compare import compare
+from .compare import compare, cudagraph_step_begin, recount_model_breaks  # noqa: F401 (re-exported for chapter 2)
 from .models import Block
 from .timing import time_first_call, time_fn
 from .widgets import add_and_show
@@ -81,12 +81,6 @@ def autocast(device):
     return contextlib.nullcontext()
 
 
-def step_begin():
-    """Tell CUDA graphs (reduce-overhead) a new step starts; a no-op on CPU or while traced (chapter 2)."""
-    if torch.cuda.is_available() and not torch.compiler.is_compiling():
-        torch.compiler.cudagraph_mark_step_begin()
-
-
 def loss_of(model, x, y):
     """Cross-entropy of model(x) against y, under autocast on a GPU (chapter 2)."""
     with autocast(x.device.type):
@@ -96,7 +90,7 @@ def loss_of(model, x, y):
 
 def train_step(model, inputs):
     """compare()'s `run`: zero grads, forward, loss, backward, optimizer step; returns the loss (chapter 2)."""
-    step_begin()
+    cudagraph_step_begin()
     x, y = inputs
     model.optimizer.zero_grad(set_to_none=True)
     loss = loss_of(model, x, y)
@@ -186,7 +180,7 @@ class LossBackward(nn.Module):
 
 def loss_backward_step(module, inputs):
     """compare()'s `run` for a LossBackward: zero grads, forward + backward, optimizer step (chapter 2)."""
-    step_begin()
+    cudagraph_step_begin()
     module.optimizer.zero_grad(set_to_none=True)
     loss = module(*inputs)
     module.optimizer.step()
@@ -211,17 +205,6 @@ def cold_start(model, inputs, min_run_time=1.0):
     peak = torch.cuda.max_memory_allocated() / 1e9 if torch.cuda.is_available() else None
     return {"compile_s": cold_s, "median_ms": timing.median_ms, "p10_ms": timing.p10_ms,
             "p90_ms": timing.p90_ms, "peak_mem_gb": peak}
-
-
-def recount_model_breaks(rows, make_model, x):
-    """Replace compare()'s break counts (of the whole step) by the compiled model's own forward breaks (chapter 2)."""
-    torch._dynamo.reset()
-    torch.manual_seed(0)
-    explanation = torch._dynamo.explain(make_model())(x)
-    for row in rows:
-        if row["status"] == "ok" and row["variant"] != "eager":
-            row["graph_breaks"] = explanation.graph_break_count
-    return rows
 
 
 # --- the panel ------------------------------------------------------------------------------------
