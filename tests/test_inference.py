@@ -4,6 +4,7 @@ import os
 import pytest
 import torch
 
+import utils
 from utils import llm
 
 TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=1, head_dim=8,
@@ -90,6 +91,25 @@ def test_decode_loop_matches_generate(tiny):
     torch._dynamo.reset()
 
 
+@pytest.mark.parametrize("kv_heads", [1, 2])
+def test_fused_decoder_matches_generate(kv_heads):
+    config = llm.gemma_config(**{**TINY, "num_key_value_heads": kv_heads}, initializer_range=0.3)
+    model = llm.build_model(config, "cpu", torch.float32)
+    prompt = llm.make_prompt(2, 7, TINY["vocab_size"], seed=4)
+    new = 10
+    with torch.no_grad():
+        reference = llm.hf_generate(model, prompt, new)[:, 7:]
+        decoder = llm.FusedDecoder(model, batch=2, max_len=7 + new)
+        step = llm.make_fused_step(decoder)
+        assert decoder.layers[0].wqkv.shape[0] == (TINY["num_attention_heads"] + 2 * kv_heads) * TINY["head_dim"]
+        assert torch.equal(llm.fused_greedy_decode(decoder, step, prompt, new), reference)
+        assert torch.equal(llm.fused_greedy_decode(decoder, step, prompt, new), reference)  # stale cache is masked
+        hf_logits = llm.first_step_logits(llm.make_prefill(model), llm.make_step(model), prompt,
+                                          llm.static_cache(model, 7 + new))
+        fused_logits = llm.fused_first_step_logits(decoder, step, prompt)
+    torch.testing.assert_close(fused_logits, hf_logits, atol=1e-4, rtol=1e-4)
+
+
 def test_compiled_generate_needs_static_cache(tiny):
     with pytest.raises(ValueError, match="static"):
         llm.hf_generate(tiny, llm.make_prompt(1, 4, TINY["vocab_size"]), 2, compiled=True)
@@ -129,7 +149,7 @@ def test_compile_cache_sets_and_restores_folders(tmp_path, monkeypatch):
 
 
 def test_budget():
-    budget = llm.Budget(100)
+    budget = utils.Budget(100)
     assert budget.allows(50) and not budget.allows(200) and budget.spent() >= 0
 
 

@@ -135,7 +135,9 @@ def test_glued_values_show_as_recorded(notebook):
 def test_colab_setup_uses_the_repository_url(notebook, repository_url):
     first = "".join(code_cells(load(notebook))[0]["source"])
     assert "google.colab" in first, "the first code cell is not the Colab set-up"
-    urls = re.findall(r"https://github\.com/[\w.-]+/[\w.-]+", first)
+    clones = [line for line in first.splitlines() if line.strip().startswith("!git clone")]
+    assert clones, "the Colab set-up cell runs no `!git clone` (a commented-out clone fetches nothing)"
+    urls = re.findall(r"https://github\.com/[\w.-]+/[\w.-]+", "\n".join(clones))
     assert urls, "the Colab set-up cell fetches no GitHub repository"
     assert all(u.removesuffix(".git") == repository_url for u in urls), \
         f"the Colab set-up cell uses {urls}, _config.yml says {repository_url}"

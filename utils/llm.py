@@ -5,7 +5,6 @@ Works with transformers 5.17 to 5.24 (the forward's cache argument was renamed f
 import contextlib
 import inspect
 import os
-import time
 from pathlib import Path
 
 import torch
@@ -113,6 +112,102 @@ def first_step_logits(prefill, step, prompt, cache):
     token = prefill(prompt, cache).argmax(dim=-1, keepdim=True)
     torch.compiler.cudagraph_mark_step_begin()
     _, logits = step(token, cache)
+    return logits.float().clone()
+
+
+class FusedLayer(torch.nn.Module):
+    """One decoder layer with a transformers layer's weights, q/k/v and gate/up each fused into one matrix (chapter 3)."""
+
+    def __init__(self, layer, batch, max_len):
+        super().__init__()
+        attn, mlp = layer.self_attn, layer.mlp
+        fuse = lambda *linears: torch.nn.Parameter(torch.cat([m.weight for m in linears]).detach(), requires_grad=False)
+        self.wqkv = fuse(attn.q_proj, attn.k_proj, attn.v_proj)  # one matrix-vector product instead of three
+        self.w13 = fuse(mlp.gate_proj, mlp.up_proj)                # one instead of two
+        self.wo, self.w2 = attn.o_proj.weight, mlp.down_proj.weight
+        self.norm1, self.norm2, self.act = layer.input_layernorm, layer.post_attention_layernorm, mlp.act_fn
+        self.head_dim, self.scale = attn.head_dim, attn.scaling
+        self.n_heads = attn.q_proj.out_features // self.head_dim
+        self.n_kv = attn.k_proj.out_features // self.head_dim
+        cache = torch.zeros(batch, self.n_kv, max_len, self.head_dim, dtype=self.wqkv.dtype, device=self.wqkv.device)
+        self.register_buffer("k_cache", cache, persistent=False)
+        self.register_buffer("v_cache", cache.clone(), persistent=False)
+
+    def forward(self, x, cos, sin, pos, mask):
+        batch, length, _ = x.shape
+        q_size, kv_size = self.n_heads * self.head_dim, self.n_kv * self.head_dim
+        q, k, v = torch.nn.functional.linear(self.norm1(x), self.wqkv).split([q_size, kv_size, kv_size], dim=-1)
+        q = rotate(q.view(batch, length, self.n_heads, self.head_dim).transpose(1, 2), cos, sin)
+        k = rotate(k.view(batch, length, self.n_kv, self.head_dim).transpose(1, 2), cos, sin)
+        self.k_cache[:, :, pos] = k  # write this step's keys and values in place: the cache never moves
+        self.v_cache[:, :, pos] = v.view(batch, length, self.n_kv, self.head_dim).transpose(1, 2)
+        out = torch.nn.functional.scaled_dot_product_attention(q, self.k_cache, self.v_cache, attn_mask=mask,
+                                                               scale=self.scale, enable_gqa=True)
+        x = x + torch.nn.functional.linear(out.transpose(1, 2).reshape(batch, length, q_size), self.wo)
+        gate, up = torch.nn.functional.linear(self.norm2(x), self.w13).chunk(2, dim=-1)
+        return x + torch.nn.functional.linear(self.act(gate) * up, self.w2)
+
+
+def rotate(x, cos, sin):
+    """Rotary position embedding of x (batch, heads, positions, head_dim), as transformers' Llama and Gemma do it (chapter 3)."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+class FusedDecoder(torch.nn.Module):
+    """A Llama/Gemma-style causal LM's forward, written out, on the weights of a transformers model (chapter 3)."""
+
+    def __init__(self, model, batch, max_len):
+        super().__init__()
+        inner = model.model
+        self.embed, self.norm, self.lm_head = inner.embed_tokens, inner.norm, model.lm_head
+        self.layers = torch.nn.ModuleList(FusedLayer(layer, batch, max_len) for layer in inner.layers)
+        weight = self.lm_head.weight
+        positions = torch.arange(max_len, device=weight.device)[None]
+        cos, sin = inner.rotary_emb(torch.zeros(1, dtype=weight.dtype, device=weight.device), positions)
+        self.register_buffer("cos", cos[0], persistent=False)  # (max_len, head_dim), transformers' own values
+        self.register_buffer("sin", sin[0], persistent=False)
+        causal = torch.ones(max_len, max_len, dtype=torch.bool, device=weight.device).tril()
+        self.register_buffer("causal", causal, persistent=False)
+
+    def forward(self, ids, pos):
+        """Logits at the last of the positions `pos` (a tensor) for tokens ids (batch, len(pos))."""
+        x = self.embed(ids)
+        cos, sin, mask = self.cos[pos], self.sin[pos], self.causal[pos]
+        for layer in self.layers:
+            x = layer(x, cos, sin, pos, mask)
+        return self.lm_head(self.norm(x[:, -1]))
+
+
+def make_fused_step(decoder):
+    """step(token, pos) -> (next greedy token, logits) of a FusedDecoder, ready for torch.compile (chapter 3)."""
+    def step(token, pos):
+        logits = decoder(token, pos)
+        return logits.argmax(dim=-1, keepdim=True), logits
+    return step
+
+
+def fused_greedy_decode(decoder, step, prompt, new_tokens):
+    """Greedy decoding with a FusedDecoder: eager prefill, then compiled steps, no host sync in the loop (chapter 3)."""
+    length = prompt.shape[1]
+    token = decoder(prompt, torch.arange(length, device=prompt.device)).argmax(dim=-1, keepdim=True)
+    pos = torch.tensor([length], device=prompt.device)  # lives on the GPU; advanced in place after each step
+    tokens = [token]
+    for _ in range(new_tokens - 1):
+        torch.compiler.cudagraph_mark_step_begin()
+        token, _ = step(token, pos)
+        token = token.clone()
+        pos += 1
+        tokens.append(token)
+    return torch.cat(tokens, dim=1)
+
+
+def fused_first_step_logits(decoder, step, prompt):
+    """Logits of a FusedDecoder's first decode step after the prompt (a copy), to compare with eager (chapter 3)."""
+    length = prompt.shape[1]
+    token = decoder(prompt, torch.arange(length, device=prompt.device)).argmax(dim=-1, keepdim=True)
+    torch.compiler.cudagraph_mark_step_begin()
+    _, logits = step(token, torch.tensor([length], device=prompt.device))
     return logits.float().clone()
 
 
@@ -254,21 +349,6 @@ def free_compiled():
 def glue_num(value, digits=1, missing="n/a"):
     """A measured number as text for glue: fixed digits, thousands separated; `missing` for None (chapter 3)."""
     return missing if value is None else f"{value:,.{digits}f}"
-
-
-class Budget:
-    """Seconds left of a run's time budget, so optional measurements are skipped with a message (chapter 3)."""
-
-    def __init__(self, seconds):
-        self.seconds, self.start = seconds, time.perf_counter()
-
-    def spent(self):
-        """Seconds since the budget started (chapter 3)."""
-        return time.perf_counter() - self.start
-
-    def allows(self, seconds):
-        """Whether `seconds` more work still fits in the budget (chapter 3)."""
-        return self.spent() + seconds <= self.seconds
 
 
 def decode_panel(run, ceiling, modes, batches, prompt_lens, rows=None):

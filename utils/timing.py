@@ -49,3 +49,18 @@ def time_first_call(fn):
     out = fn()
     sync()
     return time.perf_counter() - start, out
+
+
+class Budget:
+    """Seconds left of a run's time budget, so optional measurements are skipped with a message (chapters 2 and 3)."""
+
+    def __init__(self, seconds):
+        self.seconds, self.start = seconds, time.perf_counter()
+
+    def spent(self):
+        """Seconds since the budget started (chapters 2 and 3)."""
+        return time.perf_counter() - self.start
+
+    def allows(self, seconds):
+        """Whether `seconds` more work still fits in the budget (chapters 2 and 3)."""
+        return self.spent() + seconds <= self.seconds
