@@ -1,0 +1,315 @@
+"""Chapter 5's helpers (utils/diffusion.py): SD 1.5 built from configs, offline loading, regional compilation,
+LoRA hotswap without recompiles; and the draft chapter, run end to end in the smoke preset."""
+import json
+import re
+
+import pytest
+import torch
+
+from conftest import REPO
+
+pytest.importorskip("diffusers")
+pytest.importorskip("peft")
+
+import diffusers  # noqa: E402
+
+import utils  # noqa: E402
+from utils import diffusion  # noqa: E402
+
+diffusers.utils.logging.set_verbosity_error()
+
+TINY = {
+    "unet": dict(sample_size=8, in_channels=4, out_channels=4, layers_per_block=1, block_out_channels=(32, 64),
+                 cross_attention_dim=32, attention_head_dim=8, norm_num_groups=8,
+                 down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+                 up_block_types=("UpBlock2D", "CrossAttnUpBlock2D")),
+    "vae": dict(in_channels=3, out_channels=3, latent_channels=4, layers_per_block=1, sample_size=64,
+                block_out_channels=(8, 8, 16, 16), norm_num_groups=4,
+                down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4),
+    "text": dict(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_hidden_layers=2,
+                 max_position_embeddings=77, vocab_size=1000, projection_dim=32, hidden_act="quick_gelu"),
+    "scheduler": diffusion.SD15_SCHEDULER,
+}
+NOTEBOOK = REPO / "notebooks" / "draft-05_diffusion.ipynb"
+
+
+@pytest.fixture(scope="module")
+def pipe():
+    return diffusion.build_pipeline(TINY, "cpu", torch.float32)
+
+
+@pytest.fixture(scope="module")
+def inputs(pipe):
+    return diffusion.unet_inputs(pipe.unet, *diffusion.text_embeddings(pipe), 64, pipe.vae_scale_factor)
+
+
+@pytest.fixture(scope="module")
+def adapters(pipe, tmp_path_factory):
+    root = tmp_path_factory.mktemp("lora")
+    return [diffusion.make_lora(pipe.unet, rank, root / f"rank-{rank}", seed=i) for i, rank in enumerate([4, 8])]
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def fresh_unet():
+    return diffusion.build_unet(TINY["unet"], "cpu", torch.float32)
+
+
+def classes(model):
+    return [type(m).__name__ for m in model.modules()]
+
+
+# --- the architecture -----------------------------------------------------------------------------
+
+def test_sd15_configs_build_the_sd15_architecture():
+    unet = diffusion.build_unet(diffusion.SD15_UNET, "meta", torch.bfloat16)
+    vae = diffusion.build_vae(diffusion.SD15_VAE, "meta", torch.bfloat16)
+    text = diffusion.build_text_encoder(diffusion.SD15_TEXT, "meta", torch.bfloat16)
+    assert (type(unet).__name__, type(vae).__name__, type(text).__name__) == (
+        "UNet2DConditionModel", "AutoencoderKL", "CLIPTextModel")
+    # the parameter counts of the SD 1.5 checkpoint's unet/, vae/ and text_encoder/
+    assert utils.count_params(unet) == 859_520_964
+    assert utils.count_params(vae) == 83_653_863
+    assert utils.count_params(text) == 123_060_480
+    assert unet.dtype == vae.dtype == text.dtype == torch.bfloat16
+    assert torch.get_default_dtype() == torch.float32, "building must not leave the default dtype changed"
+    assert tuple(unet.config.block_out_channels) == (320, 640, 1280, 1280)
+    assert unet.config.cross_attention_dim == text.config.hidden_size == 768
+    names = classes(unet)
+    assert (names.count("BasicTransformerBlock"), names.count("ResnetBlock2D"), names.count("Transformer2DModel"),
+            names.count("Downsample2D"), names.count("Upsample2D")) == (16, 22, 16, 3, 3)
+    assert type(unet)._repeated_blocks == ["BasicTransformerBlock"]
+
+
+def test_tiny_pipeline_generates_an_image_of_the_asked_size(pipe, inputs):
+    sample, timestep, context = inputs
+    assert sample.shape == (2, 4, 8, 8) and context.shape == (2, 77, 32) and timestep.ndim == 0
+    assert pipe.vae_scale_factor == 8 and pipe.tokenizer is None
+    embeds = diffusion.text_embeddings(pipe)
+    image = diffusion.generate(pipe, *embeds, 64, steps=2)
+    assert image.shape == (1, 3, 64, 64) and 0 <= image.min() and image.max() <= 1
+    assert torch.equal(image, diffusion.generate(pipe, *embeds, 64, steps=2)), "same seed, same image"
+    assert diffusion.unet_step(pipe.unet, *inputs).shape == sample.shape
+    latents = diffusion.decode_inputs(pipe, 96)
+    assert diffusion.vae_decode(pipe.vae, latents).shape == (1, 3, 96, 96)
+
+
+def test_save_pretrained_round_trip_offline(pipe, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    pipe.save_pretrained(tmp_path)
+    loaded = diffusion.load_pipeline(tmp_path, "cpu", torch.float32)
+    assert type(loaded.unet).__name__ == "UNet2DConditionModel" and loaded.safety_checker is None
+    embeds = diffusion.text_embeddings(pipe)
+    assert torch.equal(diffusion.text_embeddings(loaded)[0], embeds[0])
+    assert torch.equal(diffusion.generate(loaded, *embeds, 64, steps=2), diffusion.generate(pipe, *embeds, 64, steps=2))
+
+
+def test_missing_checkpoint_folder_says_what_is_expected(tmp_path):
+    with pytest.raises(FileNotFoundError, match="save_pretrained"):
+        diffusion.load_pipeline(tmp_path / "nowhere", "cpu", torch.float32)
+
+
+@pytest.mark.parametrize("resolution", [500, 0, -8, 512.0, "512"])
+def test_resolution_not_a_multiple_of_8_is_rejected(resolution):
+    with pytest.raises(ValueError, match="multiple of 8"):
+        diffusion.latent_size(resolution)
+
+
+def test_resolutions_and_presets(pipe):
+    assert [diffusion.latent_size(r) for r in (512, 768, 1024)] == [64, 96, 128]
+    with pytest.raises(ValueError, match="multiple of 8"):
+        diffusion.generate(pipe, *diffusion.text_embeddings(pipe), 60, steps=1)
+    with pytest.raises(ValueError, match="Unknown preset 'huge'"):
+        utils.resolve_preset("huge", {"smoke": {}, "full": {}})
+
+
+def test_inductor_options_exist_in_this_torch():
+    present, missing = diffusion.inductor_options()
+    assert present == diffusion.DIFFUSERS_INDUCTOR and missing == []
+    present, missing = diffusion.inductor_options({"epilogue_fusion": False, "no_such_setting": 1})
+    assert present == {"epilogue_fusion": False} and missing == ["no_such_setting"]
+
+
+# --- regional compilation -------------------------------------------------------------------------
+
+def test_repeated_blocks_compile_only_the_transformer_blocks(inputs):
+    reference = diffusion.unet_step(fresh_unet(), *inputs)
+    unet = fresh_unet()
+    names = diffusion.compile_repeated(unet, backend="eager", fullgraph=True)
+    assert names and all(n.endswith("transformer_blocks.0") for n in names)
+    assert diffusion.region_classes(unet, names) == {"BasicTransformerBlock": classes(unet).count("BasicTransformerBlock")}
+    census = {(r["block"], r["where"]): r for r in diffusion.module_census(unet)}
+    assert {where for (_, where) in census if _ == "ResnetBlock2D"} == {"eager"}
+    assert census[("BasicTransformerBlock", "compiled")]["instances"] == len(names)
+    assert sum(r["params"] for r in census.values()) == utils.count_params(unet)
+    torch.testing.assert_close(diffusion.unet_step(unet, *inputs), reference)
+    assert diffusion.graphs_compiled() >= 1
+
+
+def test_blocks_by_hand_compile_one_static_graph_per_shape(inputs):
+    eager = fresh_unet()
+    calls = diffusion.capture_calls(eager, diffusion.BY_HAND_CLASSES, lambda: diffusion.unet_step(eager, *inputs))
+    needed = diffusion.graphs_needed(eager, calls)
+    assert set(needed) == set(diffusion.BY_HAND_CLASSES)
+    unet = fresh_unet()
+    names = diffusion.compile_blocks(unet, diffusion.BY_HAND_CLASSES, backend="eager", fullgraph=True, dynamic=False)
+    assert not any(n.startswith(m + ".") for n in names for m in names), "only the outermost blocks are compiled"
+    assert diffusion.region_classes(unet, names) == {c: classes(unet).count(c) for c in diffusion.BY_HAND_CLASSES}
+    assert len(names) == len(calls), "each block is called once per step"
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    with torch._dynamo.config.patch(recompile_limit=max(needed.values()) + 1):
+        torch.testing.assert_close(diffusion.unet_step(unet, *inputs), diffusion.unet_step(eager, *inputs))
+    assert diffusion.graphs_compiled() == sum(needed.values())
+    eager_left = {r["block"] for r in diffusion.module_census(unet) if r["where"] == "eager"}
+    assert eager_left == {"TimestepEmbedding", "(top level)"}
+    with pytest.raises(ValueError, match="no submodule"):
+        diffusion.compile_blocks(fresh_unet(), ["NoSuchBlock"])
+
+
+def test_captured_calls_replay_and_time(pipe, inputs):
+    calls = diffusion.capture_calls(pipe.unet, diffusion.BLOCK_CLASSES, lambda: diffusion.unet_step(pipe.unet, *inputs))
+    btb = diffusion.select_calls(pipe.unet, calls, ["BasicTransformerBlock"])
+    assert len(btb) == classes(pipe.unet).count("BasicTransformerBlock")
+    assert all(not m._forward_pre_hooks for m in pipe.unet.modules()), "the hooks are removed"
+    module, args, kwargs = btb[0][0], btb[0][1], btb[0][2]
+    assert "encoder_hidden_states" in kwargs and torch.is_tensor(args[0])
+    timing = diffusion.time_calls(pipe.unet, btb, min_run_time=0.05)
+    assert timing.median_ms > 0
+
+
+def test_amdahl_and_plan():
+    assert diffusion.amdahl_speedup(0.85, 2.5) == pytest.approx(1 / 0.49)
+    assert diffusion.amdahl_speedup(0.0, 10.0) == 1.0 and diffusion.amdahl_speedup(1.0, 3.0) == pytest.approx(3.0)
+    plan = diffusion.Plan(100, {"regional": 60})
+    assert plan.allows(30) and not plan.allows(50)
+    plan.done("regional")
+    assert plan.allows(50) and not plan.allows(200)
+
+
+def test_first_and_steady_counts_compiles():
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    fn = torch.compile(lambda x: torch.sin(x) * 2, backend="eager")
+    x = torch.randn(8)
+    first, out = diffusion.first_and_steady(lambda: fn(x), min_run_time=0.02, blocks=3, min_blocks=3)
+    assert first["new_graphs"] == 1 and first["compile_s"] > 0 and torch.equal(out, torch.sin(x) * 2)
+    again, _ = diffusion.first_and_steady(lambda: fn(x), min_run_time=0.02, blocks=3, min_blocks=3)
+    assert again["new_graphs"] == 0 and again["compile_s"] == 0.0
+    assert diffusion.relative_error(torch.tensor([1.0, 2.0]), torch.tensor([1.0, 4.0])) == pytest.approx(0.5)
+    assert diffusion.count_kernels(lambda: fn(x)) is None or torch.cuda.is_available()
+
+
+# --- LoRA -----------------------------------------------------------------------------------------
+
+def lora_swap(pipe, adapters, inputs, how):
+    """Load adapter 0, compile the repeated blocks, step; swap to adapter 1; step: (new graphs, before, after)."""
+    lora_pipe = diffusion.pipeline_with_unet(pipe, fresh_unet())
+    if how == "hotswap":
+        lora_pipe.enable_lora_hotswap(target_rank=8)
+    lora_pipe.load_lora_weights(adapters[0], adapter_name="style")
+    diffusion.compile_repeated(lora_pipe.unet, backend="eager", fullgraph=True)
+    before = diffusion.unet_step(lora_pipe.unet, *inputs)
+    graphs = diffusion.graphs_compiled()
+    diffusion.swap_adapter(lora_pipe, adapters[1], how)
+    after = diffusion.unet_step(lora_pipe.unet, *inputs)
+    return diffusion.graphs_compiled() - graphs, before, after
+
+
+def test_lora_adapters_are_made_offline_and_change_the_output(pipe, adapters, inputs):
+    assert [sorted(p.name for p in a.iterdir()) for a in adapters] == [["pytorch_lora_weights.safetensors"]] * 2
+    state, _ = diffusers.StableDiffusionPipeline.lora_state_dict(str(adapters[1]))
+    assert any(".to_q." in k for k in state) and all("lora" in k for k in state)
+    ranks = {v.shape[0] for k, v in state.items() if "lora.down" in k or "lora_A" in k}
+    assert ranks == {8}
+    plain = diffusion.unet_step(pipe.unet, *inputs)
+    with_lora = diffusion.pipeline_with_unet(pipe, fresh_unet())
+    with_lora.load_lora_weights(adapters[1], adapter_name="x")
+    assert diffusion.relative_error(diffusion.unet_step(with_lora.unet, *inputs), plain) > 1e-3
+
+
+def test_hotswap_does_not_recompile_and_a_plain_swap_does(pipe, adapters, inputs):
+    reference_pipe = diffusion.pipeline_with_unet(pipe, fresh_unet())
+    reference_pipe.load_lora_weights(adapters[1], adapter_name="style")
+    reference = diffusion.unet_step(reference_pipe.unet, *inputs)
+    new_graphs, before, after = lora_swap(pipe, adapters, inputs, "hotswap")
+    assert new_graphs == 0
+    assert diffusion.relative_error(after, before) > 1e-3, "the swap changed the output"
+    torch.testing.assert_close(after, reference, atol=1e-5, rtol=1e-4)
+    torch._dynamo.reset()
+    new_graphs, before, after = lora_swap(pipe, adapters, inputs, "new adapter")
+    assert new_graphs > 0
+    torch.testing.assert_close(after, reference, atol=1e-5, rtol=1e-4)
+    with pytest.raises(ValueError, match="unknown swap"):
+        diffusion.swap_adapter(pipe, adapters[0], "sideways")
+
+
+# --- plots, panel ---------------------------------------------------------------------------------
+
+def test_plot_and_panel_build():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    rows = [{"label": "a", "median_ms": 2.0, "compile_s": 10.0}, {"label": "b", "median_ms": 1.0, "compile_s": None}]
+    axes = diffusion.plot_step_and_compile(rows, eager_ms=4.0)
+    assert [t.get_text() for t in axes[0].get_yticklabels()] == ["a", "b"]
+    calls = []
+
+    def run(mode, scope, resolution):
+        calls.append((mode, scope, resolution))
+        return {"median_ms": 1.0, "compile_s": 2.0, "eager_ms": 3.0}
+
+    panel = diffusion.diffusion_panel(run, {"default": {}}, ["whole UNet", "blocks by hand"], [64, 96])
+    assert len(panel.children) == 3
+    button = [c for box in panel.children[:2] for c in getattr(box, "children", []) if getattr(c, "description", "")
+              == "Run"][0]
+    button.click()
+    assert calls == [("default", "whole UNet", 64)] and len(panel.rows) == 1
+
+
+# --- the draft chapter ----------------------------------------------------------------------------
+
+def notebook_cells():
+    return json.loads(NOTEBOOK.read_text())["cells"]
+
+
+def test_draft_has_the_chapter_shape(repository_url):
+    cells = notebook_cells()
+    code = [c for c in cells if c["cell_type"] == "code"]
+    first = "".join(code[0]["source"])
+    assert "google.colab" in first and f"!git clone --depth 1 {repository_url}" in first
+    assert '%pip install -q "diffusers==0.42.1" peft' in first
+    tagged = [c for c in code if "parameters" in c["metadata"].get("tags", [])]
+    assert len(tagged) == 1 and re.search(r'^PRESET = "auto"', "".join(tagged[0]["source"]), re.M)
+    assert not any(c.get("outputs") for c in code), "the draft is committed without outputs"
+    prose = "".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+    assert "{exercise}" in prose and "{solution}" in prose and ":class: dropdown" in prose
+
+
+def test_draft_runs_in_smoke_preset_on_cpu(tmp_path, monkeypatch):
+    from test_notebooks import WIDGET_STATE, errors, unexecuted
+    from utils.run_book import execute
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # inherited by the papermill kernel
+    executed = execute(NOTEBOOK, preset="smoke", out_dir=tmp_path, timeout=1800)
+    nb = json.loads(executed.read_text())
+    assert not unexecuted(nb), f"code cells that did not run: {unexecuted(nb)}"
+    assert not errors(nb), f"error outputs: {errors(nb)}"
+    assert nb["metadata"].get("widgets", {}).get(WIDGET_STATE, {}).get("state"), "no stored widget state"
+    prose = "".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
+    used = set(re.findall(r"\{glue(?::\w+)?\}`([^`:]+)`", prose))
+    glued = {o["metadata"]["scrapbook"]["name"] for c in nb["cells"] if c["cell_type"] == "code"
+             for o in c.get("outputs", []) if o.get("metadata", {}).get("scrapbook")}
+    assert used and not used - glued, f"prose uses values never glued: {sorted(used - glued)}"
+    text = "".join("".join(o.get("text", "")) for c in nb["cells"] if c["cell_type"] == "code"
+                   for o in c.get("outputs", []) if o.get("output_type") == "stream")
+    assert "skipped: mode 'reduce-overhead' uses CUDA graphs" in text
+    failures = re.findall(r".*: failed: .*", text)
+    assert not failures, f"measurements failed in the smoke run: {failures}"
