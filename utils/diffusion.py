@@ -436,35 +436,27 @@ def diffusion_panel(run, modes, scopes, resolutions, rows=None):
     # run(mode, scope, resolution) -> {"median_ms", "compile_s", "eager_ms"} (or raises).
     import ipywidgets as w
     import matplotlib.pyplot as plt
-    from IPython.display import display
 
-    mode = w.Dropdown(options=list(modes), value=list(modes)[0], description="mode")
-    scope = w.Dropdown(options=list(scopes), value=list(scopes)[0], description="compile")
-    resolution = w.Dropdown(options=list(resolutions), value=list(resolutions)[0], description="resolution")
-    button = w.Button(description="Run", button_style="primary")
-    out = w.Output()
+    from .widgets import run_panel
+
+    controls = {"mode": w.Dropdown(options=list(modes), value=list(modes)[0], description="mode"),
+                "scope": w.Dropdown(options=list(scopes), value=list(scopes)[0], description="compile"),
+                "resolution": w.Dropdown(options=list(resolutions), value=list(resolutions)[0],
+                                         description="resolution")}
     rows = rows if rows is not None else []
 
-    def on_run(_):
-        with out:
-            out.clear_output(wait=True)
-            print(f"compiling and timing {mode.value}, {scope.value}, {resolution.value}x{resolution.value} ...")
-            try:
-                result = run(mode.value, scope.value, resolution.value)
-            except Exception as error:  # a failed run is a result: say why and keep the panel alive
-                print(f"failed: {type(error).__name__}: {str(error).splitlines()[0][:300]}")
-                return
-            rows.append({"label": f"{mode.value}, {scope.value}, {resolution.value}", **result})
-            out.clear_output(wait=True)
-            axes = plot_step_and_compile(rows, title="your runs")
-            for y, r in enumerate(rows):
-                axes[0].plot([r["eager_ms"]], [y], "k|", markersize=14)
-            plt.show()
-            print(f"{result['median_ms']:.2f} ms per step ({result['eager_ms'] / result['median_ms']:.2f}x eager, "
-                  f"| marks eager at that resolution), compile {result['compile_s']:.1f} s")
+    def work(v, out):
+        result = run(v["mode"], v["scope"], v["resolution"])
+        rows.append({"label": f"{v['mode']}, {v['scope']}, {v['resolution']}", **result})
+        out.clear_output(wait=True)
+        axes = plot_step_and_compile(rows, title="your runs")
+        for y, r in enumerate(rows):
+            axes[0].plot([r["eager_ms"]], [y], "k|", markersize=14)
+        plt.show()
+        print(f"{result['median_ms']:.2f} ms per step ({result['eager_ms'] / result['median_ms']:.2f}x eager, "
+              f"| marks eager at that resolution), compile {result['compile_s']:.1f} s")
 
-    button.on_click(on_run)
-    panel = w.VBox([w.HBox([mode, scope]), w.HBox([resolution, button]), out])
+    panel = run_panel(controls, work, lambda v: f"compiling and timing {v['mode']}, {v['scope']}, "
+                                                f"{v['resolution']}x{v['resolution']} ...")
     panel.rows = rows
-    display(panel)
     return panel

@@ -356,35 +356,25 @@ def decode_panel(run, ceiling, modes, batches, prompt_lens, rows=None):
     # run(mode, batch, prompt_len) -> tok/s (or raises); ceiling(batch, prompt_len) -> the roofline's tok/s.
     import ipywidgets as w
     import matplotlib.pyplot as plt
-    from IPython.display import display
 
-    mode = w.Dropdown(options=list(modes), value=list(modes)[0], description="mode")
-    batch = w.Dropdown(options=list(batches), value=list(batches)[0], description="batch")
-    prompt_len = w.Dropdown(options=list(prompt_lens), value=list(prompt_lens)[0], description="prompt")
-    button = w.Button(description="Run", button_style="primary")
-    out = w.Output()
+    from .widgets import run_panel
+
+    controls = {"mode": w.Dropdown(options=list(modes), value=list(modes)[0], description="mode"),
+                "batch": w.Dropdown(options=list(batches), value=list(batches)[0], description="batch"),
+                "prompt": w.Dropdown(options=list(prompt_lens), value=list(prompt_lens)[0], description="prompt")}
     rows = rows if rows is not None else []
 
-    def on_run(_):
-        with out:
-            out.clear_output(wait=True)
-            print(f"compiling and timing {mode.value}, batch {batch.value}, prompt {prompt_len.value} ...")
-            try:
-                tok_s = run(mode.value, batch.value, prompt_len.value)
-            except Exception as error:  # a failed run is a result: say why and keep the panel alive
-                print(f"failed: {type(error).__name__}: {str(error).splitlines()[0][:300]}")
-                return
-            rows.append({"label": f"{mode.value}\nb{batch.value} p{prompt_len.value}", "tok_s": tok_s,
-                         "ceiling": ceiling(batch.value, prompt_len.value)})
-            out.clear_output(wait=True)
-            plot_vs_roofline(rows)
-            plt.show()
-            print(f"{tok_s:,.0f} tok/s = {tok_s / rows[-1]['ceiling']:.2f} of the roofline")
+    def work(v, out):
+        tok_s = run(v["mode"], v["batch"], v["prompt"])
+        rows.append({"label": f"{v['mode']}\nb{v['batch']} p{v['prompt']}", "tok_s": tok_s,
+                     "ceiling": ceiling(v["batch"], v["prompt"])})
+        out.clear_output(wait=True)
+        plot_vs_roofline(rows)
+        plt.show()
+        print(f"{tok_s:,.0f} tok/s = {tok_s / rows[-1]['ceiling']:.2f} of the roofline")
 
-    button.on_click(on_run)
-    panel = w.VBox([w.HBox([mode, batch]), w.HBox([prompt_len, button]), out])
-    display(panel)
-    return panel
+    return run_panel(controls, work, lambda v: f"compiling and timing {v['mode']}, batch {v['batch']}, "
+                                               f"prompt {v['prompt']} ...")
 
 
 def plot_vs_roofline(rows, ax=None, title="decode tokens/s against the memory-bandwidth roofline"):

@@ -545,38 +545,32 @@ def launch_panel(max_procs, *, preset, device, timeout=900):
     """Dropdowns for strategy, compile mode and processes; Run launches torchrun and plots tokens/s (chapter 8)."""
     import ipywidgets as w
     import matplotlib.pyplot as plt
-    from IPython.display import display
 
     from .plots import grouped_bars
+    from .widgets import run_panel
 
-    strategy = w.Dropdown(options=list(STRATEGIES), value="ddp", description="strategy")
-    compile_mode = w.Dropdown(options=list(COMPILE_MODES), value="default", description="compile")
-    procs = w.Dropdown(options=list(range(1, max_procs + 1)), value=max_procs, description="processes")
-    button = w.Button(description="Run", button_style="primary")
-    out = w.Output()
+    controls = {"strategy": w.Dropdown(options=list(STRATEGIES), value="ddp", description="strategy"),
+                "compile": w.Dropdown(options=list(COMPILE_MODES), value="default", description="compile"),
+                "procs": w.Dropdown(options=list(range(1, max_procs + 1)), value=max_procs, description="processes")}
     rows = []
 
-    def on_run(_):
-        with out:
-            out.clear_output(wait=True)
-            print(f"launching torchrun: {procs.value} process(es), {strategy.value}, compile {compile_mode.value} ...")
-            try:
-                new = launch(procs.value, preset=preset, strategies=strategy.value, compiles=compile_mode.value,
-                             device=device, timeout=timeout)
-            except (LaunchError, ValueError, RuntimeError) as error:
-                print(error)
-                return
-            rows.extend(new)
-            out.clear_output(wait=True)
-            grouped_bars(rows, "tok_s_per_gpu", title="tokens/s per process (your runs)", ylabel="tokens/s")
-            plt.show()
-            for row in new:
-                print(describe(row))
+    def work(v, out):
+        try:
+            new = launch(v["procs"], preset=preset, strategies=v["strategy"], compiles=v["compile"],
+                         device=device, timeout=timeout)
+        except LaunchError as error:  # its message carries the workers' output: show all of it
+            print(error)
+            return
+        rows.extend(new)
+        out.clear_output(wait=True)
+        grouped_bars(rows, "tok_s_per_gpu", title="tokens/s per process (your runs)", ylabel="tokens/s")
+        plt.show()
+        for row in new:
+            print(describe(row))
 
-    button.on_click(on_run)
-    panel = w.VBox([w.HBox([strategy, compile_mode]), w.HBox([procs, button]), out])
+    panel = run_panel(controls, work, lambda v: f"launching torchrun: {v['procs']} process(es), {v['strategy']}, "
+                                                f"compile {v['compile']} ...")
     panel.rows = rows
-    display(panel)
     return panel
 
 

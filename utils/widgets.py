@@ -43,6 +43,31 @@ def compile_panel(make_model, make_inputs, sizes, device, workload="panel", min_
     return panel
 
 
+def run_panel(controls, work, describe):
+    """Controls, a Run button and an output: Run prints describe(values), then calls work(values, out) there (chapters 3, 5, 8).
+
+    A failure is printed, not raised, so the panel stays alive; controls are laid out two to a row.
+    """
+    button = w.Button(description="Run", button_style="primary")
+    out = w.Output()
+
+    def on_run(_):
+        values = {name: control.value for name, control in controls.items()}
+        with out:
+            out.clear_output(wait=True)
+            print(describe(values))
+            try:
+                work(values, out)
+            except Exception as error:  # a failed run is a result: say why and keep the panel alive
+                print(f"failed: {type(error).__name__}: {str(error).splitlines()[0][:300]}")
+
+    button.on_click(on_run)
+    items = [*controls.values(), button]
+    panel = w.VBox([w.HBox(items[i:i + 2]) for i in range(0, len(items), 2)] + [out])
+    display(panel)
+    return panel
+
+
 def add_and_show(rows, new, title):
     """Add a Run's measurements to a panel's rows (eager once per workload), plot them, print the new ones (chapter 1)."""
     for row in new:
