@@ -162,3 +162,114 @@ def test_plot_and_panel_build():
     assert [t.get_text() for t in ax.get_xticklabels()] == ["a", "b"]
     panel = llm.decode_panel(lambda m, b, p: 1.0, lambda b, p: 2.0, {"eager": None}, [1, 2], [8])
     assert len(panel.children) == 3
+
+
+def test_forced_step_logits_follow_greedy_decoding(tiny):
+    prompt = llm.make_prompt(2, 5, TINY["vocab_size"], seed=5)
+    prefill, step = llm.make_prefill(tiny), llm.make_step(tiny)
+    cache = llm.static_cache(tiny, 5 + 6)
+    with torch.no_grad():
+        tokens = llm.greedy_decode(prefill, step, prompt, cache, 6)
+        logits = llm.forced_step_logits(prefill, step, prompt, cache, tokens[:, :-1])  # fed its own greedy tokens
+        first = llm.first_step_logits(prefill, step, prompt, cache)
+    assert logits.shape == (5, 2, TINY["vocab_size"]) and logits.dtype == torch.float32
+    assert torch.equal(logits.argmax(-1).t(), tokens[:, 1:])  # each step's argmax is the next greedy token
+    torch.testing.assert_close(logits[0], first)
+    errors = llm.logit_errors(logits, logits)
+    assert errors["max_abs_err"] == 0 and errors["top1_agree"] == 1.0
+    shifted = llm.logit_errors(logits + 0.5, logits)
+    assert shifted["max_abs_err"] == pytest.approx(0.5) and shifted["mean_abs_err"] == pytest.approx(0.5)
+    assert shifted["rel_err"] == pytest.approx(0.5 / logits.abs().max().item())
+    assert llm.leading_agreement(tokens, tokens) == 6
+    other = tokens.clone()
+    other[1, 2] += 1
+    assert llm.leading_agreement(other, tokens) == 2
+
+
+def test_linear_weight_bytes_counts_tied_lm_head():
+    c = llm.GEMMA_2B
+    model = llm.build_model(llm.gemma_config(**c), "meta", torch.bfloat16)
+    h, hd, i, heads, kv = c["hidden_size"], c["head_dim"], c["intermediate_size"], c["num_attention_heads"], \
+        c["num_key_value_heads"]
+    per_layer = 2 * h * heads * hd + 2 * h * kv * hd + 3 * h * i
+    assert llm.linear_weight_bytes(model) == 2 * (c["num_hidden_layers"] * per_layer + c["vocab_size"] * h)
+    assert llm.linear_weight_bytes(model) > llm.weight_bytes(model) - 2 * c["vocab_size"] * h  # lm_head counted
+
+
+def test_kernel_categories_and_trace_parsing(tmp_path):
+    import json
+
+    names = {"triton_red_fused__to_copy_mm_mul_sum_3": "matmul (Triton)",
+             "triton_per_fused__to_copy_add_embedding_mean_mul_pow_rsqrt_0": "Triton fused",
+             "nvjet_hsh_64x8_64x16_2x1_v_bz_splitK_TNT": "matmul (library)",
+             "void gemv2T_kernel_val<int, int, __nv_bfloat16, __nv_bfloat16, float, 128, 16, 4, 4>": "matmul (library)",
+             "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize64x64x64": "matmul (library)",
+             "fmha_cutlassF_bf16_aligned_64x128_rf_sm80(PyTorchMemEffAttention::AttentionKernel)": "attention",
+             "void pytorch_flash::flash_fwd_splitkv_kernel<Flash_fwd_kernel_traits>": "attention",
+             "triton_red_fused__softmax_bmm_5": "attention",
+             "aten::mm": "matmul (library)", "aten::_scaled_dot_product_flash_attention_for_cpu": "attention",
+             "## Call CompiledFxGraph fabc123 ##": "Inductor C++", "Memcpy DtoD (Device -> Device)": "other",
+             "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>": "other"}
+    for name, category in names.items():
+        assert llm.kernel_category(name) == category, name
+    trace = {"traceEvents": [
+        {"ph": "X", "cat": "kernel", "name": "triton_red_fused_mm_0", "ts": 100.0, "dur": 30.0},
+        {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy DtoD (Device -> Device)", "ts": 140, "dur": 2},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 90, "dur": 50},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": 95, "dur": 5},
+        {"ph": "X", "cat": "Kernel", "name": "fmha_cutlassF_bf16", "ts": 150, "dur": 8}]}
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps(trace))
+    kernels = llm.gpu_kernels(path)
+    assert kernels == llm.gpu_kernels(trace) and [k[0] for k in kernels] == [
+        "triton_red_fused_mm_0", "Memcpy DtoD (Device -> Device)", "fmha_cutlassF_bf16"]
+    totals = llm.time_by_category([(name, dur) for name, _, dur in kernels])
+    assert set(totals) == set(llm.KERNEL_CATEGORIES)
+    assert totals["matmul (Triton)"] == 30 and totals["other"] == 2 and totals["attention"] == 8
+    assert sum(totals.values()) == 40
+
+
+# --- the companion draft, 3b ----------------------------------------------------------------------
+
+DRAFT_03B = utils.env.REPO_ROOT / "notebooks" / "draft-03b_inference_prompts.ipynb"
+
+
+def test_draft_03b_has_the_chapter_shape(repository_url):
+    import json
+    import re
+
+    cells = json.loads(DRAFT_03B.read_text())["cells"]
+    assert all(c.get("id") for c in cells)
+    code = [c for c in cells if c["cell_type"] == "code"]
+    first = "".join(code[0]["source"])
+    assert "google.colab" in first and f"!git clone --depth 1 {repository_url}" in first
+    tagged = [c for c in code if "parameters" in c["metadata"].get("tags", [])]
+    assert len(tagged) == 1 and "".join(tagged[0]["source"]).strip() == 'PRESET = "auto"'
+    assert not any(c.get("outputs") for c in code), "the draft is committed without outputs"
+    prose = "".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+    assert "{exercise}" in prose and "{solution}" in prose and ":class: dropdown" in prose
+    assert "03_inference.ipynb" in prose and 'save_results("03b_inference_prompts"' in "".join(
+        "".join(c["source"]) for c in code)
+
+
+def test_draft_03b_runs_in_smoke_preset_on_cpu(tmp_path, monkeypatch):
+    import json
+    import re
+
+    from test_notebooks import WIDGET_STATE, errors, unexecuted
+    from utils.run_book import execute
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # inherited by the papermill kernel
+    nb = json.loads(execute(DRAFT_03B, preset="smoke", out_dir=tmp_path, timeout=1800).read_text())
+    assert not unexecuted(nb), f"code cells that did not run: {unexecuted(nb)}"
+    assert not errors(nb), f"error outputs: {errors(nb)}"
+    assert nb["metadata"].get("widgets", {}).get(WIDGET_STATE, {}).get("state"), "no stored widget state"
+    prose = "".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
+    used = set(re.findall(r"\{glue(?::\w+)?\}`([^`:]+)`", prose))
+    glued = {o["metadata"]["scrapbook"]["name"] for c in nb["cells"] if c["cell_type"] == "code"
+             for o in c.get("outputs", []) if o.get("metadata", {}).get("scrapbook")}
+    assert used and not used - glued, f"prose uses values never glued: {sorted(used - glued)}"
+    text = "".join("".join(o.get("text", "")) for c in nb["cells"] if c["cell_type"] == "code"
+                   for o in c.get("outputs", []) if o.get("output_type") == "stream")
+    assert not re.findall(r".*: failed: .*", text), "measurements failed in the smoke run"
+    assert "CPU ops only, no GPU" in text and "loop-default+emulate: first call" in text

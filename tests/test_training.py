@@ -163,6 +163,25 @@ def test_time_optimizer_step_reports_times():
     assert result["p10_ms"] <= result["median_ms"] <= result["p90_ms"]
 
 
+def test_optimizer_step_row_times_each_variant_and_reports_failures(monkeypatch):
+    from functools import partial
+
+    monkeypatch.setattr(torch, "compile", partial(torch.compile, backend="eager"))  # no Inductor in a unit test
+    rows = {v: training.optimizer_step_row(tiny_gpt(), v, min_run_time=0.05) for v in training.OPTIMIZER_VARIANTS}
+    for variant in ("eager foreach", "compiled"):
+        assert rows[variant]["status"] == "ok" and rows[variant]["median_ms"] > 0
+    assert rows["eager foreach"]["compile_s"] == 0.0 and rows["compiled"]["compile_s"] > 0
+    assert rows["fused=True"]["status"] == "ok" or rows["fused=True"]["status"].startswith("failed: ")
+    failed = training.optimizer_step_row(tiny_gpt(), "no such variant", min_run_time=0.05)
+    assert failed["status"].startswith("failed: KeyError")
+
+
+def test_tensor_lr_compiles_one_graph_while_the_schedule_changes_it():
+    tensor_graphs = training.lr_schedule_graphs(tiny_gpt(), torch.tensor(3e-4), steps=4)
+    float_graphs = training.lr_schedule_graphs(tiny_gpt(), 3e-4, steps=4)
+    assert tensor_graphs == 1 and float_graphs > tensor_graphs  # a float lr is guarded on: a changed value recompiles
+
+
 # --- regional compilation ---------------------------------------------------------------------------
 
 def test_regional_compile_compiles_each_block_once_for_all():

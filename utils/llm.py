@@ -4,7 +4,9 @@ Works with transformers 5.17 to 5.24 (the forward's cache argument was renamed f
 """
 import contextlib
 import inspect
+import json
 import os
+import re
 from pathlib import Path
 
 import torch
@@ -113,6 +115,31 @@ def first_step_logits(prefill, step, prompt, cache):
     torch.compiler.cudagraph_mark_step_begin()
     _, logits = step(token, cache)
     return logits.float().clone()
+
+
+def forced_step_logits(prefill, step, prompt, cache, tokens):
+    """fp32 copies of the logits of decode steps fed `tokens` (batch, n) one at a time after the prompt (chapter 3)."""
+    cache.reset()
+    prefill(prompt, cache)
+    out = []
+    for i in range(tokens.shape[1]):  # teacher forcing: every variant sees the same inputs, whatever it predicts
+        torch.compiler.cudagraph_mark_step_begin()
+        _, logits = step(tokens[:, i:i + 1].clone(), cache)
+        out.append(logits.to(torch.float32, copy=True))
+    return torch.stack(out)
+
+
+def logit_errors(logits, reference):
+    """Max and mean |logits - reference|, the max relative to max |reference|, share of equal argmaxes (chapter 3)."""
+    diff = (logits.float() - reference.float()).abs()
+    return {"max_abs_err": diff.max().item(), "mean_abs_err": diff.mean().item(),
+            "rel_err": diff.max().item() / reference.abs().max().item(),
+            "top1_agree": (logits.argmax(-1) == reference.argmax(-1)).float().mean().item()}
+
+
+def leading_agreement(tokens, reference):
+    """How many leading tokens equal the reference's (batch, n), the fewest over the batch (chapter 3)."""
+    return int((tokens == reference).long().cumprod(dim=1).sum(dim=1).min())
 
 
 class FusedLayer(torch.nn.Module):
@@ -250,6 +277,11 @@ def weight_bytes(model):
     """Bytes of the model's parameters and buffers, a tied tensor (embedding = lm_head) counted once (chapter 3)."""
     tensors = list(model.parameters()) + list(model.buffers())  # both skip a tensor met before
     return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def linear_weight_bytes(model):
+    """Bytes of every nn.Linear weight, a tied lm_head included: what a decode step's matmuls read (chapter 3)."""
+    return sum(m.weight.numel() * m.weight.element_size() for m in model.modules() if isinstance(m, torch.nn.Linear))
 
 
 def kv_cache_bytes(config, batch, length, dtype):
@@ -398,3 +430,38 @@ def plot_vs_roofline(rows, ax=None, title="decode tokens/s against the memory-ba
     ax.legend(fontsize="small", loc="upper left")
     ax.figure.tight_layout()
     return ax
+
+
+KERNEL_CATEGORIES = ("matmul (library)", "matmul (Triton)", "attention", "Triton fused", "Inductor C++", "other")
+
+
+def kernel_category(name):
+    """Which of KERNEL_CATEGORIES a GPU kernel's or CPU op's name belongs to (chapter 3)."""
+    n = name.lower()
+    words = set(re.split(r"[^a-z0-9]+", n))
+    if any(k in n for k in ("flash", "fmha", "attention", "softmax")) or "bmm" in words:
+        return "attention"
+    if n.startswith("triton"):  # Inductor names its kernels after the ops they fuse: mm is a matrix product
+        return "matmul (Triton)" if words & {"mm", "addmm"} else "Triton fused"
+    if any(k in n for k in ("gemm", "gemv", "cublas", "cutlass", "nvjet", "xmma", "splitk")) or \
+            words & {"mm", "addmm", "linear", "matmul"}:
+        return "matmul (library)"
+    if "compiledfxgraph" in n.replace(" ", ""):  # on a CPU, Inductor's C++ kernels run inside this range
+        return "Inductor C++"
+    return "other"
+
+
+def gpu_kernels(trace):
+    """(name, start_us, duration_us) of each kernel, memcpy and memset in a torch.profiler Chrome trace (chapter 3)."""
+    if not isinstance(trace, dict):
+        trace = json.loads(Path(trace).read_text())
+    return [(e["name"], float(e["ts"]), float(e["dur"])) for e in trace.get("traceEvents", [])
+            if str(e.get("cat", "")).lower() in ("kernel", "gpu_memcpy", "gpu_memset") and "dur" in e]
+
+
+def time_by_category(named_times):
+    """Sum (name, microseconds) pairs by kernel_category: {category: us}, every category present (chapter 3)."""
+    totals = dict.fromkeys(KERNEL_CATEGORIES, 0.0)
+    for name, us in named_times:
+        totals[kernel_category(name)] += us
+    return totals

@@ -164,6 +164,42 @@ def time_optimizer_step(step, min_run_time=1.0):
     return {"compile_s": first_s, "median_ms": timing.median_ms, "p10_ms": timing.p10_ms, "p90_ms": timing.p90_ms}
 
 
+OPTIMIZER_VARIANTS = {"eager foreach": {"foreach": True}, "fused=True": {"fused": True}, "compiled": {}}
+
+
+def optimizer_step_row(model, variant, min_run_time=1.0, lr=3e-4):
+    """Time one AdamW variant of OPTIMIZER_VARIANTS on model's parameters with fixed gradients; a result row (chapter 2)."""
+    row = {"workload": "optimizer_step", "variant": variant}
+    torch._dynamo.reset()
+    try:
+        model.optimizer = torch.optim.AdamW(model.parameters(), lr=lr, **OPTIMIZER_VARIANTS[variant])
+        fill_grads(model)
+        step = torch.compile(model.optimizer.step) if variant == "compiled" else model.optimizer.step
+        result = time_optimizer_step(step, min_run_time=min_run_time)
+    except Exception as error:  # fused AdamW is not built for every device; out of memory is a result too
+        return {**row, "status": f"failed: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:200]}
+    finally:
+        torch._dynamo.reset()
+    return {**row, "status": "ok", **result, "compile_s": result["compile_s"] if variant == "compiled" else 0.0}
+
+
+def lr_schedule_graphs(model, lr, steps):
+    """Graphs Dynamo compiles for `steps` compiled AdamW steps while LinearLR changes lr (a float or a tensor) (chapter 2)."""
+    from torch._dynamo.testing import CompileCounter
+
+    torch._dynamo.reset()
+    fill_grads(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    scheduler = torch.optim.lr_scheduler.LinearLR(optimizer, total_iters=steps)
+    counter = CompileCounter()  # counts Dynamo's graphs, runs them without Inductor: recompiles are Dynamo's decision
+    step = torch.compile(optimizer.step, backend=counter)
+    for _ in range(steps):
+        step()
+        scheduler.step()
+    torch._dynamo.reset()
+    return counter.frame_count
+
+
 class LossBackward(nn.Module):
     """Forward, loss and backward in one module, so compiled autograd can capture the backward (chapter 2)."""
 
