@@ -61,6 +61,11 @@ def test_runs_in_smoke_preset_on_cpu(notebook, tmp_path, monkeypatch):
     assert not errors(nb), f"error outputs: {errors(nb)}"
     params = [c for c in code_cells(nb) if "injected-parameters" in c["metadata"].get("tags", [])]
     assert params and 'PRESET = "smoke"' in "".join(params[0]["source"]), "PRESET was not injected"
+    prose = "".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
+    used = set(re.findall(r"\{glue(?::\w+)?\}`([^`:]+)`", prose))
+    glued = {o["metadata"]["scrapbook"]["name"] for c in code_cells(nb) for o in c.get("outputs", [])
+             if o.get("metadata", {}).get("scrapbook")}
+    assert not used - glued, f"the prose uses values the run never glued: {sorted(used - glued)}"
 
 
 # (b) the committed notebooks carry the outputs of a clean run on an NVIDIA GPU ---------------------
