@@ -292,7 +292,7 @@ def test_draft_has_the_chapter_shape(notebook, repository_url):
 
 @pytest.mark.parametrize("notebook", DRAFTS, ids=lambda p: p.stem)
 def test_draft_runs_in_smoke_preset_on_cpu(notebook, tmp_path, monkeypatch):
-    from test_notebooks import WIDGET_STATE, errors, unexecuted
+    from test_notebooks import WIDGET_STATE, errors, glue_stored, glue_used, unexecuted
     from utils.run_book import execute
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # inherited by the papermill kernel
@@ -301,10 +301,7 @@ def test_draft_runs_in_smoke_preset_on_cpu(notebook, tmp_path, monkeypatch):
     assert not unexecuted(nb), f"code cells that did not run: {unexecuted(nb)}"
     assert not errors(nb), f"error outputs: {errors(nb)}"
     assert nb["metadata"].get("widgets", {}).get(WIDGET_STATE, {}).get("state"), "no stored widget state"
-    prose = "".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
-    used = set(re.findall(r"\{glue(?::\w+)?\}`([^`:]+)`", prose))
-    glued = {o["metadata"]["scrapbook"]["name"] for c in nb["cells"] if c["cell_type"] == "code"
-             for o in c.get("outputs", []) if o.get("metadata", {}).get("scrapbook")}
+    used, glued = glue_used(nb), glue_stored(nb)
     assert used and not used - glued, f"prose uses values never glued: {sorted(used - glued)}"
     text = "".join("".join(o.get("text", "")) for c in nb["cells"] if c["cell_type"] == "code"
                    for o in c.get("outputs", []) if o.get("output_type") == "stream")

@@ -38,6 +38,18 @@ def errors(nb):
             if c["cell_type"] == "code" for o in c.get("outputs", []) if o.get("output_type") == "error"]
 
 
+def glue_used(nb):
+    """Names the markdown cells insert with {glue} roles."""
+    prose = "".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
+    return set(re.findall(r"\{glue(?::\w+)?\}`([^`:]+)", prose))
+
+
+def glue_stored(nb):
+    """Names the code cells' outputs glued (myst-nb's scrapbook metadata)."""
+    return {o["metadata"]["scrapbook"]["name"] for c in code_cells(nb) for o in c.get("outputs", [])
+            if o.get("metadata", {}).get("scrapbook")}
+
+
 def unexecuted(nb):
     """Indexes of code cells with no execution_count (never run)."""
     return [i for i, c in enumerate(nb["cells"]) if c["cell_type"] == "code" and c.get("execution_count") is None]
@@ -61,10 +73,7 @@ def test_runs_in_smoke_preset_on_cpu(notebook, tmp_path, monkeypatch):
     assert not errors(nb), f"error outputs: {errors(nb)}"
     params = [c for c in code_cells(nb) if "injected-parameters" in c["metadata"].get("tags", [])]
     assert params and 'PRESET = "smoke"' in "".join(params[0]["source"]), "PRESET was not injected"
-    prose = "".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
-    used = set(re.findall(r"\{glue(?::\w+)?\}`([^`:]+)`", prose))
-    glued = {o["metadata"]["scrapbook"]["name"] for c in code_cells(nb) for o in c.get("outputs", [])
-             if o.get("metadata", {}).get("scrapbook")}
+    used, glued = glue_used(nb), glue_stored(nb)
     assert not used - glued, f"the prose uses values the run never glued: {sorted(used - glued)}"
 
 
@@ -111,8 +120,7 @@ def test_glued_values_show_as_recorded(notebook):
     from myst_nb.core.variables import format_plain_text
 
     nb = load(notebook)
-    prose = "".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
-    used = set(re.findall(r"\{glue(?::\w+)?\}`([^`:]+)", prose))
+    used = glue_used(nb)
     wrong = []
     for cell in code_cells(nb):
         for output in cell.get("outputs", []):

@@ -4,7 +4,6 @@ One torchrun run of 2 processes trains every configuration (module fixture); the
 The inductor cache is the session's (tests/conftest.py sets TORCHINDUCTOR_CACHE_DIR; the torchrun
 subprocesses inherit it).
 """
-import re
 import subprocess
 import sys
 
@@ -195,7 +194,7 @@ def test_a_run_past_its_timeout_is_stopped():
 # --- the draft chapter -----------------------------------------------------------------------------
 
 def test_draft_notebook_runs_in_smoke_preset_on_cpu(tmp_path, monkeypatch):
-    from test_notebooks import errors, load, unexecuted
+    from test_notebooks import errors, glue_stored, glue_used, load, unexecuted
     from utils.run_book import execute
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # inherited by the papermill kernel and its torchruns
@@ -207,8 +206,5 @@ def test_draft_notebook_runs_in_smoke_preset_on_cpu(tmp_path, monkeypatch):
                      for o in c.get("outputs", []) if o.get("output_type") == "stream")
     assert "skipped: no GPU" in text, "the GPU scaling runs should say why they were skipped"
     assert "gpt ddp x2" in text and "gpt fsdp2 x2" in text, "the gloo runs' table is missing"
-    prose = "".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
-    used = set(re.findall(r"\{glue(?::\w+)?\}`([^`:]+)", prose))
-    glued = {o["metadata"]["scrapbook"]["name"] for c in nb["cells"] if c["cell_type"] == "code"
-             for o in c.get("outputs", []) if "scrapbook" in o.get("metadata", {})}
+    used, glued = glue_used(nb), glue_stored(nb)
     assert used and used <= glued, f"the prose uses values no cell glued: {sorted(used - glued)}"
