@@ -1,9 +1,12 @@
-"""Chapter 2's helpers (utils/training.py): accumulation, compiled steps equal to eager, MFU, regional compile."""
+"""Chapter 2's helpers (utils/training.py): accumulation, compiled steps equal to eager, MFU, regional compile;
+chapter 2c's profiles and measured-or-loaded results, and its draft notebook run end to end in the smoke preset."""
 import logging
 
 import pytest
 import torch
 from torch._dynamo.testing import CompileCounter, CompileCounterWithBackend
+
+from conftest import REPO
 
 logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
 
@@ -226,3 +229,152 @@ def test_cold_start_reports_compile_and_step_times():
     result = training.cold_start(model, tokens(), min_run_time=0.05)
     assert result["compile_s"] > 0 and result["p10_ms"] <= result["median_ms"] <= result["p90_ms"]
     assert result["peak_mem_gb"] is None  # no GPU here
+
+
+# --- chapter 2c: profiles of the training step, results measured or loaded --------------------------
+
+def test_training_kernel_categories_add_loss_and_optimizer():
+    from utils import llm
+
+    names = {"void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, c10::BFloat16, float, float, "
+             "at::native::(anonymous namespace)::LogSoftMaxForwardEpilogue>": "loss",
+             "void at::native::(anonymous namespace)::nll_loss_forward_reduce_cuda_kernel_2d<float, float, long>": "loss",
+             "aten::_log_softmax_backward_data": "loss", "triton_red_fused__log_softmax_0": "loss",
+             "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous namespace)::"
+             "TensorListMetadata<4>, at::native::(anonymous namespace)::FusedAdamMathFunctor<float, 4>>": "optimizer",
+             "Optimizer.step#AdamW.step": "optimizer", "aten::_foreach_lerp_": "optimizer",
+             "void pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<Flash_bwd_kernel_traits>": "attention",
+             "triton_red_fused__softmax_bmm_5": "attention", "nvjet_hsh_64x8_64x16_2x1_v_bz_splitK_TNT": "matmul (library)",
+             "triton_per_fused_native_layer_norm_backward_3": "Triton fused"}
+    for name, category in names.items():
+        assert llm.kernel_category(name, training=True) == category, name
+    # without training=True nothing changes for chapter 3: no new categories, the same answers
+    assert llm.kernel_category("aten::_foreach_lerp_") == "other"
+    assert set(llm.time_by_category([("aten::mm", 1.0)])) == set(llm.KERNEL_CATEGORIES)
+    totals = llm.time_by_category([("aten::nll_loss_forward", 2.0), ("aten::_fused_adamw_", 3.0), ("aten::mm", 1.0)],
+                                  training=True)
+    assert set(totals) == set(llm.KERNEL_CATEGORIES + llm.TRAINING_CATEGORIES)
+    assert totals["loss"] == 2 and totals["optimizer"] == 3 and totals["matmul (library)"] == 1
+
+
+def test_kernel_phases_follow_each_launch_into_its_range():
+    def launch(ts, corr, cat="cuda_runtime"):
+        return {"ph": "X", "cat": cat, "name": "cudaLaunchKernel", "ts": ts, "dur": 1, "tid": 2, "args": {"correlation": corr}}
+
+    def kernel(name, ts, dur, corr, cat="kernel"):
+        return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "args": {"correlation": corr}}
+
+    trace = {"traceEvents": [
+        {"ph": "X", "cat": "user_annotation", "name": "step: forward + loss", "ts": 0, "dur": 10},
+        {"ph": "X", "cat": "user_annotation", "name": "step: backward", "ts": 10, "dur": 10},
+        {"ph": "X", "cat": "user_annotation", "name": "step: optimizer", "ts": 20, "dur": 10},
+        {"ph": "X", "cat": "gpu_user_annotation", "name": "step: backward", "ts": 40, "dur": 50},  # GPU side: ignored
+        launch(1, 1), launch(12, 2, cat="cuda_driver"), launch(21, 3), launch(35, 4),  # the 4th outside every range
+        kernel("gemm_a", 30, 5.0, 1), kernel("triton_b", 40, 7.0, 2), kernel("multi_tensor_apply_kernel", 50, 2.0, 3),
+        kernel("Memset (Device)", 60, 1.0, 4, cat="gpu_memset")]}
+    assert training.kernel_phases(trace) == [("gemm_a", 5.0, "forward + loss"), ("triton_b", 7.0, "backward"),
+                                             ("multi_tensor_apply_kernel", 2.0, "optimizer"),
+                                             ("Memset (Device)", 1.0, "unattributed")]
+    assert [p for _, _, p in training.phase_ranges(trace)] == list(training.PHASES)
+    trace["traceEvents"] += [{"ph": "X", "cat": "user_annotation", "name": "## Call CompiledFxGraph f00 ##", "ts": 2, "dur": 1},
+                             {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 3, "dur": 4}]  # CPU side: no kernel
+    summary = training.step_summary(trace, steps=1)  # a GPU profile: kernels, phases, span
+    assert summary["kernels_per_step"] == 4 and summary["graph_calls_per_step"] == 1
+    assert summary["phase_us"] == {"forward + loss": 5.0, "backward": 7.0, "optimizer": 2.0, "unattributed": 1.0}
+    assert summary["host_us"] == {p: 10.0 for p in training.PHASES} and summary["gpu_span_us"] == 31.0
+    assert summary["category_us"]["matmul (library)"] == 5.0 and summary["category_us"]["optimizer"] == 2.0
+    assert sum(summary["category_us"].values()) == 15.0
+
+
+def test_profile_train_steps_on_cpu_reports_phases_and_categories():
+    from utils import llm
+
+    result = training.profile_train_steps(tiny_gpt(), tokens(), steps=2)
+    assert result["kernels_per_step"] is None and result["phase_us"] is None  # no GPU: no kernels
+    assert set(result["category_us"]) == set(llm.KERNEL_CATEGORIES + llm.TRAINING_CATEGORIES)
+    assert all(result["host_us"][p] > 0 for p in training.PHASES)
+    assert result["category_us"]["matmul (library)"] > 0 and result["category_us"]["loss"] > 0
+    assert result["graph_calls_per_step"] == 0  # eager: no compiled graph was called
+
+
+def test_stored_rows_come_back_marked_with_their_origin(tmp_path):
+    import utils
+
+    assert training.stored_rows("02c_training_profiles", "resnet batch 8", gpu="NVIDIA H200", root=tmp_path) == []
+    prov = {"gpu": "NVIDIA H200", "torch": "2.11.0", "python": "3.12", "date": "2026-12-03", "preset": "full",
+            "commit": "abc1234"}
+    rows = [{"workload": "resnet batch 8", "variant": "eager", "status": "ok", "median_ms": 20.0},
+            {"workload": "resnet batch 8", "variant": "default", "status": "ok", "median_ms": 18.0,
+             "source": "loaded from results/h200/02c_training_profiles.json (commit 0ld, 2026-12-01, torch 2.11.0)"},
+            {"workload": "resnet batch 8", "variant": "max-autotune-no-cudagraphs", "status": "skipped: time"},
+            {"workload": "resnet batch 128", "variant": "eager", "status": "ok", "median_ms": 30.0}]
+    path = utils.save_results("02c_training_profiles", rows, prov, root=tmp_path)
+    loaded = training.stored_rows("02c_training_profiles", "resnet batch 8", gpu="NVIDIA H200", root=tmp_path)
+    assert [r["variant"] for r in loaded] == ["eager", "default"]  # ok rows of that workload only
+    assert loaded[0]["median_ms"] == 20.0 and loaded[0]["source"].startswith(f"loaded from {path}")
+    assert "(commit abc1234, 2026-12-03, torch 2.11.0)" in loaded[0]["source"]
+    assert "commit 0ld" in loaded[1]["source"]  # loaded before: it keeps the run that measured it
+    assert training.stored_rows("02c_training_profiles", "resnet batch 8", gpu="cpu", root=tmp_path) == []
+    utils.save_results("02c_training_profiles", rows, {**prov, "preset": "smoke"}, root=tmp_path)
+    assert training.stored_rows("02c_training_profiles", "resnet batch 8", gpu="NVIDIA H200", root=tmp_path) == []
+
+
+def test_compute_or_load_measures_unstored_keys_first_then_loads_or_skips():
+    stored = {128: [{"variant": "eager", "source": "loaded from x"}]}
+    budget = iter([True, False, False])
+    results = training.compute_or_load([128, 8, 32], lambda k: [{"variant": "eager", "batch": k}], stored,
+                                       lambda: next(budget))
+    assert list(results) == [8, 32, 128]  # those without stored rows first, in the given order
+    assert results[8] == ([{"variant": "eager", "batch": 8}], "measured")
+    assert results[32] == ([], "skipped") and results[128] == (stored[128], "loaded")
+    everything = training.compute_or_load([128, 8], lambda k: [k], stored, lambda: True)
+    assert everything == {8: ([8], "measured"), 128: ([128], "measured")}  # time for all: measure, even when stored
+
+
+# --- the draft chapter 2c ---------------------------------------------------------------------------
+
+DRAFT_2C = REPO / "notebooks" / "draft-02c_training_profiles.ipynb"
+
+
+def test_draft_2c_has_the_chapter_shape(repository_url):
+    import json
+    import re
+
+    nb = json.loads(DRAFT_2C.read_text())
+    assert (nb["nbformat"], nb["nbformat_minor"]) == (4, 5) and nb["metadata"]["kernelspec"]["name"] == "python3"
+    assert all(c.get("id") for c in nb["cells"])
+    code = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    first = "".join(code[0]["source"])
+    assert "google.colab" in first and f"!git clone --depth 1 {repository_url}" in first
+    tagged = [c for c in code if "parameters" in c["metadata"].get("tags", [])]
+    assert len(tagged) == 1 and re.search(r'^PRESET = "auto"', "".join(tagged[0]["source"]), re.M)
+    assert not any(c.get("outputs") or c.get("execution_count") for c in code), "the draft is committed without outputs"
+    prose = "".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
+    assert "{exercise}" in prose and "{solution}" in prose and ":class: dropdown" in prose
+    assert 'utils.save_results(CHAPTER' in "".join("".join(c["source"]) for c in code)
+
+
+def test_draft_2c_runs_in_smoke_preset_on_cpu(tmp_path, monkeypatch):
+    import json
+    import re
+
+    from test_notebooks import WIDGET_STATE, errors, glue_stored, glue_used, unexecuted
+    from utils.run_book import execute
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # inherited by the papermill kernel
+    nb = json.loads(execute(DRAFT_2C, preset="smoke", out_dir=tmp_path, timeout=1800).read_text())
+    assert not unexecuted(nb), f"code cells that did not run: {unexecuted(nb)}"
+    assert not errors(nb), f"error outputs: {errors(nb)}"
+    assert nb["metadata"].get("widgets", {}).get(WIDGET_STATE, {}).get("state"), "no stored widget state"
+    used, glued = glue_used(nb), glue_stored(nb)
+    assert used and not used - glued, f"prose uses values never glued: {sorted(used - glued)}"
+    streams = [o for c in nb["cells"] if c["cell_type"] == "code" for o in c.get("outputs", [])
+               if o.get("output_type") == "stream"]
+    text = "".join("".join(o["text"]) for o in streams)
+    assert re.search(r"regional\s+\d", text), "the profile table has no regional row"
+    assert "batch 2: measured" in text and "batch 4: measured" in text
+    failures = re.findall(r".*: failed: .*", text)
+    assert not failures, f"measurements failed in the smoke run: {failures}"
+    noisy = [line for o in streams if o["name"] == "stderr" for line in "".join(o["text"]).splitlines()
+             if re.search(r"(?i)\b(error|warning|traceback)\b", line)]
+    assert not noisy, f"the smoke run printed what looks like errors: {noisy[:5]}"

@@ -433,12 +433,19 @@ def plot_vs_roofline(rows, ax=None, title="decode tokens/s against the memory-ba
 
 
 KERNEL_CATEGORIES = ("matmul (library)", "matmul (Triton)", "attention", "Triton fused", "Inductor C++", "other")
+# A training step also runs a loss and an optimizer: kernel_category(name, training=True) adds these (chapter 2c).
+TRAINING_CATEGORIES = ("loss", "optimizer")
 
 
-def kernel_category(name):
-    """Which of KERNEL_CATEGORIES a GPU kernel's or CPU op's name belongs to (chapter 3)."""
+def kernel_category(name, training=False):
+    """Which of KERNEL_CATEGORIES (plus TRAINING_CATEGORIES when training) a GPU kernel's or CPU op's name belongs to (chapters 3, 2c)."""
     n = name.lower()
     words = set(re.split(r"[^a-z0-9]+", n))
+    if training:  # before attention: eager's log_softmax kernel is a cunn_SoftMax* kernel with a LogSoftMax epilogue
+        if any(k in n for k in ("nll_loss", "log_softmax", "logsoftmax", "cross_entropy")):
+            return "loss"
+        if any(k in n for k in ("multi_tensor_apply", "fused_adam", "_foreach_", "optimizer.step")):
+            return "optimizer"
     if any(k in n for k in ("flash", "fmha", "attention", "softmax")) or "bmm" in words:
         return "attention"
     if n.startswith("triton"):  # Inductor names its kernels after the ops they fuse: mm is a matrix product
@@ -459,9 +466,9 @@ def gpu_kernels(trace):
             if str(e.get("cat", "")).lower() in ("kernel", "gpu_memcpy", "gpu_memset") and "dur" in e]
 
 
-def time_by_category(named_times):
-    """Sum (name, microseconds) pairs by kernel_category: {category: us}, every category present (chapter 3)."""
-    totals = dict.fromkeys(KERNEL_CATEGORIES, 0.0)
+def time_by_category(named_times, training=False):
+    """Sum (name, microseconds) pairs by kernel_category: {category: us}, every category present (chapters 3, 2c)."""
+    totals = dict.fromkeys(KERNEL_CATEGORIES + (TRAINING_CATEGORIES if training else ()), 0.0)
     for name, us in named_times:
-        totals[kernel_category(name)] += us
+        totals[kernel_category(name, training)] += us
     return totals

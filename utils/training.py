@@ -1,5 +1,9 @@
-"""Chapter 2's helpers: training steps for ResNet-50 and a GPT-style decoder, MFU, accumulation, regional compile."""
+"""Chapter 2's helpers: training steps for ResNet-50 and a GPT-style decoder, MFU, accumulation, regional compile;
+chapter 2c's: a profile of the training step by kernel category and phase, results measured or loaded."""
 import contextlib
+import json
+import tempfile
+from pathlib import Path
 
 import ipywidgets as w
 import matplotlib.pyplot as plt
@@ -9,8 +13,11 @@ from IPython.display import display
 from torch import nn
 
 from .compare import compare, cudagraph_step_begin, recount_model_breaks  # noqa: F401 (re-exported for chapter 2)
+from .env import REPO_ROOT
+from .llm import gpu_kernels, time_by_category
 from .models import Block
-from .timing import time_first_call, time_fn
+from .results import load_results, results_path
+from .timing import sync, time_first_call, time_fn
 from .widgets import add_and_show
 
 
@@ -241,6 +248,116 @@ def cold_start(model, inputs, min_run_time=1.0):
     peak = torch.cuda.max_memory_allocated() / 1e9 if torch.cuda.is_available() else None
     return {"compile_s": cold_s, "median_ms": timing.median_ms, "p10_ms": timing.p10_ms,
             "p90_ms": timing.p90_ms, "peak_mem_gb": peak}
+
+
+# --- chapter 2c: where a training step's time goes ---------------------------------------------------
+
+PHASES = ("forward + loss", "backward", "optimizer")
+
+
+def phased_train_step(model, inputs):
+    """Chapter 2c: train_step with a profiler range ("step: <phase>") around each of PHASES; returns the loss."""
+    x, y = inputs
+    model.optimizer.zero_grad(set_to_none=True)
+    with torch.profiler.record_function("step: forward + loss"):
+        loss = loss_of(model, x, y)
+    with torch.profiler.record_function("step: backward"):
+        loss.backward()
+    with torch.profiler.record_function("step: optimizer"):
+        model.optimizer.step()
+    return loss.detach()
+
+
+def phase_ranges(trace):
+    """Chapter 2c: (start_us, end_us, phase) of each "step: <phase>" profiler range of a Chrome trace (dict)."""
+    names = {f"step: {phase}" for phase in PHASES}
+    return [(float(e["ts"]), float(e["ts"]) + float(e["dur"]), e["name"].removeprefix("step: "))
+            for e in trace.get("traceEvents", []) if e.get("cat") == "user_annotation" and e.get("name") in names]
+
+
+def kernel_phases(trace):
+    """Chapter 2c: (name, duration_us, phase) of each GPU kernel; its phase is the range its CPU launch fell in."""
+    events, ranges = trace.get("traceEvents", []), phase_ranges(trace)
+    launched = {e["args"]["correlation"]: float(e["ts"]) for e in events  # cudaLaunchKernel, cuLaunchKernel...
+                if str(e.get("cat", "")).lower() in ("cuda_runtime", "cuda_driver")
+                and "correlation" in e.get("args", {})}
+    kernels = [e for e in events if str(e.get("cat", "")).lower() in ("kernel", "gpu_memcpy", "gpu_memset") and "dur" in e]
+    out = []
+    for e in kernels:
+        ts = launched.get(e.get("args", {}).get("correlation"))
+        phase = next((p for start, end, p in ranges if ts is not None and start <= ts <= end), "unattributed")
+        out.append((e["name"], float(e["dur"]), phase))
+    return out
+
+
+def step_summary(trace, steps, cpu_ops=None):
+    """Chapter 2c: per step, from a profile's Chrome trace: kernel us by category and phase, kernels, GPU span, CPU us by phase.
+
+    On a CPU, cpu_ops [(name, self us)] stand in for the kernels, and there is no phase or span on a GPU to measure.
+    """
+    ranges = phase_ranges(trace)
+    calls = sum(1 for e in trace.get("traceEvents", []) if str(e.get("name", "")).startswith("## Call CompiledFxGraph"))
+    result = {"steps": steps, "graph_calls_per_step": calls / steps,
+              "host_us": {p: sum(end - start for start, end, q in ranges if q == p) / steps for p in PHASES},
+              "phase_us": None, "kernels_per_step": None, "gpu_span_us": None}
+    named = cpu_ops
+    if cpu_ops is None:
+        kernels = kernel_phases(trace)
+        named = [(name, dur) for name, dur, _ in kernels]
+        result["phase_us"] = {p: sum(d for _, d, q in kernels if q == p) / steps for p in PHASES + ("unattributed",)}
+        result["kernels_per_step"] = len(kernels) / steps
+        spans = [(ts, ts + dur) for _, ts, dur in gpu_kernels(trace)]
+        result["gpu_span_us"] = (max(e for _, e in spans) - min(s for s, _ in spans)) / steps if spans else None
+    result["category_us"] = {c: us / steps for c, us in time_by_category(named, training=True).items()}
+    return result
+
+
+def profile_train_steps(model, inputs, steps):
+    """Chapter 2c: step_summary of `steps` phased training steps under torch.profiler (CUDA activity on a GPU)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = next(model.parameters()).is_cuda
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+        for _ in range(steps):
+            phased_train_step(model, inputs)
+        sync()
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "train_steps.json"
+        prof.export_chrome_trace(str(path))
+        trace = json.loads(path.read_text())
+    # on a CPU: operators' self time (it does not nest, so it adds up)
+    cpu_ops = None if cuda else [(e.key, e.self_cpu_time_total) for e in prof.key_averages()]
+    return {"activity": "CUDA kernels" if cuda else "CPU ops only, no GPU", **step_summary(trace, steps, cpu_ops)}
+
+
+# --- chapter 2c: results measured in this run, or loaded from an earlier one -------------------------
+
+def stored_rows(chapter, workload, gpu=None, root=None, preset="full"):
+    """Chapter 2c: the ok rows of `workload` in this GPU's results file of a `preset` run, marked "loaded from ..."; [] if none."""
+    path = results_path(chapter, gpu, root)
+    if not path.exists():
+        return []
+    data = load_results(path)
+    prov = data["provenance"]
+    if prov.get("preset") != preset:
+        return []
+    shown = path.relative_to(REPO_ROOT) if path.is_relative_to(REPO_ROOT) else path
+    source = f"loaded from {shown} (commit {prov.get('commit', 'unknown')}, {prov.get('date')}, torch {prov.get('torch')})"
+    return [{**row, "source": row.get("source") or source} for row in data["measurements"]  # a re-loaded row keeps its origin
+            if row["workload"] == workload and row.get("status") == "ok"]
+
+
+def compute_or_load(keys, measure, stored, fits):
+    """Chapter 2c: {key: (rows, how)}: measure(key) while fits(), keys without stored rows first; else stored rows, else skipped."""
+    results = {}
+    for key in sorted(keys, key=lambda k: bool(stored.get(k))):  # stable: the given order within each group
+        if fits():
+            results[key] = (measure(key), "measured")
+        elif stored.get(key):
+            results[key] = (stored[key], "loaded")
+        else:
+            results[key] = ([], "skipped")
+    return results
 
 
 # --- the panel ------------------------------------------------------------------------------------
