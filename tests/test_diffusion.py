@@ -308,3 +308,54 @@ def test_committed_results_hold_the_goal_measurements():
     assert regional and all(r["cold_start_ratio"] > 0 and r["speedup_kept"] > 0 for r in regional)
     serving = json.loads((REPO / "results" / "h200" / "05b_diffusion_serving.json").read_text())["measurements"]
     assert {"lora_swap", "resolution"} <= {r["workload"] for r in serving if r["status"] == "ok"}
+
+
+# --- chapter 5c: tuned variants against an interleaved eager baseline, and its draft notebook ---------
+
+def test_5c_interleaved_speedup_and_break_even():
+    row = diffusion.interleaved_speedup(10.0, 4.0, 14.0)
+    assert row["eager_ms"] == 12.0 and row["speedup"] == 3.0 and row["eager_drift"] == pytest.approx(1.4)
+    assert row["eager_before_ms"] == 10.0 and row["eager_after_ms"] == 14.0
+    assert diffusion.break_even_images(300, 20.0, 18.0, 50) == pytest.approx(3000)
+    assert diffusion.break_even_images(300, 18.0, 20.0, 50) is None  # not faster: never repaid
+    assert diffusion.break_even_images(-5, 20.0, 21.0, 50) == 0.0  # no extra compile: nothing to repay
+
+
+def test_5c_fits_in_order_asks_each_key_its_own_estimate():
+    from utils import training
+
+    estimates, asked = {"settings": 380, "max_autotune": 450}, []
+
+    def fits(key):
+        asked.append(key)
+        return estimates[key] <= 400
+
+    measured = lambda key: [{"variant": key, "how": "measured"}]
+    stored = {"settings": [{"variant": "settings", "source": "loaded from ..."}]}
+    plan = training.compute_or_load(list(estimates), measured, stored, diffusion.fits_in_order(list(estimates), stored, fits))
+    assert asked == ["max_autotune", "settings"]  # the variant without stored rows is tried first
+    assert plan["max_autotune"] == ([], "skipped") and plan["settings"][1] == "measured"
+    asked.clear()
+    plan = training.compute_or_load(list(estimates), measured, {}, diffusion.fits_in_order(list(estimates), {}, fits))
+    assert asked == ["settings", "max_autotune"] and plan["max_autotune"] == ([], "skipped")
+
+
+DRAFT_5C = REPO / "notebooks" / "draft-05c_diffusion_tuning.ipynb"
+
+
+def test_draft_5c_has_the_chapter_shape(repository_url):
+    from test_notebooks import check_draft_shape
+
+    code, _ = check_draft_shape(DRAFT_5C, repository_url)
+    assert '%pip install -q "diffusers==0.42.1" peft' in code
+    assert 'utils.save_results("05c_diffusion_tuning", ' in code
+
+
+def test_draft_5c_runs_in_smoke_preset_on_cpu(tmp_path, monkeypatch):
+    from test_notebooks import run_draft_smoke
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # inherited by the papermill kernel
+    _, text = run_draft_smoke(DRAFT_5C, tmp_path)
+    assert re.search(r"default \+ channels_last:\s+\d", text), "the reference variant did not run"
+    assert re.search(r"diffusers settings \+ channels_last:\s+\d", text), "diffusers' settings did not run on CPU"
+    assert re.search(r"max-autotune \+ channels_last: skipped: .*needs a GPU", text)

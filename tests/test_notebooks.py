@@ -55,6 +55,41 @@ def unexecuted(nb):
     return [i for i, c in enumerate(nb["cells"]) if c["cell_type"] == "code" and c.get("execution_count") is None]
 
 
+def check_draft_shape(path, repository_url):
+    """Assert a draft notebook has the chapter shape and no outputs; its (code source, prose)."""
+    nb = load(path)
+    assert (nb["nbformat"], nb["nbformat_minor"]) == (4, 5) and nb["metadata"]["kernelspec"]["name"] == "python3"
+    assert all(c.get("id") for c in nb["cells"])
+    code = code_cells(nb)
+    first = "".join(code[0]["source"])
+    assert "google.colab" in first and f"!git clone --depth 1 {repository_url}" in first
+    tagged = [c for c in code if "parameters" in c["metadata"].get("tags", [])]
+    assert len(tagged) == 1 and re.search(r'^PRESET = "auto"', "".join(tagged[0]["source"]), re.M)
+    assert not any(c.get("outputs") or c.get("execution_count") for c in code), "the draft is committed without outputs"
+    prose = "".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
+    assert "{exercise}" in prose and "{solution}" in prose and ":class: dropdown" in prose
+    return "".join("".join(c["source"]) for c in code), prose
+
+
+def run_draft_smoke(path, tmp_path):
+    """Run a draft in the smoke preset on the CPU and assert it ran clean; (notebook, its stdout and stderr text)."""
+    from utils.run_book import execute
+
+    nb = load(execute(path, preset="smoke", out_dir=tmp_path, timeout=1800))
+    assert not unexecuted(nb), f"code cells that did not run: {unexecuted(nb)}"
+    assert not errors(nb), f"error outputs: {errors(nb)}"
+    used, glued = glue_used(nb), glue_stored(nb)
+    assert used and not used - glued, f"prose uses values never glued: {sorted(used - glued)}"
+    streams = [o for c in code_cells(nb) for o in c.get("outputs", []) if o.get("output_type") == "stream"]
+    text = "".join("".join(o["text"]) for o in streams)
+    failures = re.findall(r".*: failed: .*", text)
+    assert not failures, f"measurements failed in the smoke run: {failures}"
+    noisy = [line for o in streams if o["name"] == "stderr" for line in "".join(o["text"]).splitlines()
+             if re.search(r"(?i)\b(error|warning|traceback)\b", line)]
+    assert not noisy, f"the smoke run printed what looks like errors: {noisy[:5]}"
+    return nb, text
+
+
 def test_there_are_chapters():
     assert NOTEBOOKS, "no notebooks/[0-9]*.ipynb"
 

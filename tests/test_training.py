@@ -1,6 +1,7 @@
 """Chapter 2's helpers (utils/training.py): accumulation, compiled steps equal to eager, MFU, regional compile;
 chapter 2c's profiles and measured-or-loaded results, and its draft notebook run end to end in the smoke preset."""
 import logging
+import re
 
 import pytest
 import torch
@@ -337,44 +338,17 @@ DRAFT_2C = REPO / "notebooks" / "draft-02c_training_profiles.ipynb"
 
 
 def test_draft_2c_has_the_chapter_shape(repository_url):
-    import json
-    import re
+    from test_notebooks import check_draft_shape
 
-    nb = json.loads(DRAFT_2C.read_text())
-    assert (nb["nbformat"], nb["nbformat_minor"]) == (4, 5) and nb["metadata"]["kernelspec"]["name"] == "python3"
-    assert all(c.get("id") for c in nb["cells"])
-    code = [c for c in nb["cells"] if c["cell_type"] == "code"]
-    first = "".join(code[0]["source"])
-    assert "google.colab" in first and f"!git clone --depth 1 {repository_url}" in first
-    tagged = [c for c in code if "parameters" in c["metadata"].get("tags", [])]
-    assert len(tagged) == 1 and re.search(r'^PRESET = "auto"', "".join(tagged[0]["source"]), re.M)
-    assert not any(c.get("outputs") or c.get("execution_count") for c in code), "the draft is committed without outputs"
-    prose = "".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
-    assert "{exercise}" in prose and "{solution}" in prose and ":class: dropdown" in prose
-    assert 'utils.save_results(CHAPTER' in "".join("".join(c["source"]) for c in code)
+    code, _ = check_draft_shape(DRAFT_2C, repository_url)
+    assert "utils.save_results(CHAPTER" in code
 
 
 def test_draft_2c_runs_in_smoke_preset_on_cpu(tmp_path, monkeypatch):
-    import json
-    import re
-
-    from test_notebooks import WIDGET_STATE, errors, glue_stored, glue_used, unexecuted
-    from utils.run_book import execute
+    from test_notebooks import WIDGET_STATE, run_draft_smoke
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # inherited by the papermill kernel
-    nb = json.loads(execute(DRAFT_2C, preset="smoke", out_dir=tmp_path, timeout=1800).read_text())
-    assert not unexecuted(nb), f"code cells that did not run: {unexecuted(nb)}"
-    assert not errors(nb), f"error outputs: {errors(nb)}"
+    nb, text = run_draft_smoke(DRAFT_2C, tmp_path)
     assert nb["metadata"].get("widgets", {}).get(WIDGET_STATE, {}).get("state"), "no stored widget state"
-    used, glued = glue_used(nb), glue_stored(nb)
-    assert used and not used - glued, f"prose uses values never glued: {sorted(used - glued)}"
-    streams = [o for c in nb["cells"] if c["cell_type"] == "code" for o in c.get("outputs", [])
-               if o.get("output_type") == "stream"]
-    text = "".join("".join(o["text"]) for o in streams)
     assert re.search(r"regional\s+\d", text), "the profile table has no regional row"
     assert "batch 2: measured" in text and "batch 4: measured" in text
-    failures = re.findall(r".*: failed: .*", text)
-    assert not failures, f"measurements failed in the smoke run: {failures}"
-    noisy = [line for o in streams if o["name"] == "stderr" for line in "".join(o["text"]).splitlines()
-             if re.search(r"(?i)\b(error|warning|traceback)\b", line)]
-    assert not noisy, f"the smoke run printed what looks like errors: {noisy[:5]}"
