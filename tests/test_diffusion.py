@@ -321,7 +321,7 @@ def test_5c_interleaved_speedup_and_break_even():
     assert diffusion.break_even_images(-5, 20.0, 21.0, 50) == 0.0  # no extra compile: nothing to repay
 
 
-def test_5c_fits_in_order_asks_each_key_its_own_estimate():
+def test_5c_compute_or_load_asks_each_key_its_own_estimate():
     from utils import training
 
     estimates, asked = {"settings": 380, "max_autotune": 450}, []
@@ -332,11 +332,11 @@ def test_5c_fits_in_order_asks_each_key_its_own_estimate():
 
     measured = lambda key: [{"variant": key, "how": "measured"}]
     stored = {"settings": [{"variant": "settings", "source": "loaded from ..."}]}
-    plan = training.compute_or_load(list(estimates), measured, stored, diffusion.fits_in_order(list(estimates), stored, fits))
+    plan = training.compute_or_load(list(estimates), measured, stored, fits)
     assert asked == ["max_autotune", "settings"]  # the variant without stored rows is tried first
     assert plan["max_autotune"] == ([], "skipped") and plan["settings"][1] == "measured"
     asked.clear()
-    plan = training.compute_or_load(list(estimates), measured, {}, diffusion.fits_in_order(list(estimates), {}, fits))
+    plan = training.compute_or_load(list(estimates), measured, {}, fits)
     assert asked == ["settings", "max_autotune"] and plan["max_autotune"] == ([], "skipped")
 
 

@@ -324,11 +324,11 @@ def test_compute_or_load_measures_unstored_keys_first_then_loads_or_skips():
     stored = {128: [{"variant": "eager", "source": "loaded from x"}]}
     budget = iter([True, False, False])
     results = training.compute_or_load([128, 8, 32], lambda k: [{"variant": "eager", "batch": k}], stored,
-                                       lambda: next(budget))
+                                       lambda key: next(budget))
     assert list(results) == [8, 32, 128]  # those without stored rows first, in the given order
     assert results[8] == ([{"variant": "eager", "batch": 8}], "measured")
     assert results[32] == ([], "skipped") and results[128] == (stored[128], "loaded")
-    everything = training.compute_or_load([128, 8], lambda k: [k], stored, lambda: True)
+    everything = training.compute_or_load([128, 8], lambda k: [k], stored, lambda key: True)
     assert everything == {8: ([8], "measured"), 128: ([128], "measured")}  # time for all: measure, even when stored
 
 

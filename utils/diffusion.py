@@ -372,12 +372,6 @@ def interleaved_speedup(eager_before_ms, compiled_ms, eager_after_ms):
             "speedup": eager_ms / compiled_ms, "eager_drift": eager_after_ms / eager_before_ms}
 
 
-def fits_in_order(keys, stored, fits):
-    """Chapter 5c: a no-argument fits() for training.compute_or_load that asks fits(key) of each key in its visiting order."""
-    order = iter(sorted(keys, key=lambda k: bool(stored.get(k))))  # compute_or_load's order: keys without stored rows first
-    return lambda: fits(next(order))
-
-
 def break_even_images(extra_compile_s, baseline_ms, tuned_ms, steps):
     """Chapter 5c: images of `steps` UNet steps that repay extra compile seconds; 0 if none extra, None if not faster."""
     saved_s = steps * (baseline_ms - tuned_ms) / 1e3

@@ -348,10 +348,10 @@ def stored_rows(chapter, workload, gpu=None, root=None, preset="full"):
 
 
 def compute_or_load(keys, measure, stored, fits):
-    """Chapter 2c: {key: (rows, how)}: measure(key) while fits(), keys without stored rows first; else stored rows, else skipped."""
+    """Chapter 2c: {key: (rows, how)}: measure(key) while fits(key), keys without stored rows first; else stored rows, else skipped."""
     results = {}
     for key in sorted(keys, key=lambda k: bool(stored.get(k))):  # stable: the given order within each group
-        if fits():
+        if fits(key):
             results[key] = (measure(key), "measured")
         elif stored.get(key):
             results[key] = (stored[key], "loaded")
