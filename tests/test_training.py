@@ -1,5 +1,6 @@
 """Chapter 2's helpers (utils/training.py): accumulation, compiled steps equal to eager, MFU, regional compile;
-chapter 2c's profiles and measured-or-loaded results, and its draft notebook run end to end in the smoke preset."""
+chapter 2c's profiles and measured-or-loaded results, and the published chapter 2c (its smoke run is in test_notebooks)."""
+import json
 import logging
 import re
 
@@ -332,23 +333,30 @@ def test_compute_or_load_measures_unstored_keys_first_then_loads_or_skips():
     assert everything == {8: ([8], "measured"), 128: ([128], "measured")}  # time for all: measure, even when stored
 
 
-# --- the draft chapter 2c ---------------------------------------------------------------------------
+# --- the published chapter 2c (test_notebooks runs it in the smoke preset) ----------------------------
 
-DRAFT_2C = REPO / "notebooks" / "draft-02c_training_profiles.ipynb"
-
-
-def test_draft_2c_has_the_chapter_shape(repository_url):
-    from test_notebooks import check_draft_shape
-
-    code, _ = check_draft_shape(DRAFT_2C, repository_url)
-    assert "utils.save_results(CHAPTER" in code
+CHAPTER_2C = REPO / "notebooks" / "02c_training_profiles.ipynb"
 
 
-def test_draft_2c_runs_in_smoke_preset_on_cpu(tmp_path, monkeypatch):
-    from test_notebooks import WIDGET_STATE, run_draft_smoke
+def test_2c_is_in_the_book_with_the_chapter_shape(repository_url):
+    from test_notebooks import code_cells, load
 
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # inherited by the papermill kernel
-    nb, text = run_draft_smoke(DRAFT_2C, tmp_path)
-    assert nb["metadata"].get("widgets", {}).get(WIDGET_STATE, {}).get("state"), "no stored widget state"
-    assert re.search(r"regional\s+\d", text), "the profile table has no regional row"
-    assert "batch 2: measured" in text and "batch 4: measured" in text
+    nb = load(CHAPTER_2C)
+    code = code_cells(nb)
+    first = "".join(code[0]["source"])
+    assert "google.colab" in first and f"!git clone --depth 1 {repository_url}" in first
+    tagged = [c for c in code if "parameters" in c["metadata"].get("tags", [])]
+    assert len(tagged) == 1 and re.search(r'^PRESET = "auto"', "".join(tagged[0]["source"]), re.M)
+    prose = "".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
+    assert "{exercise}" in prose and "{solution}" in prose and ":class: dropdown" in prose
+    assert "notebooks/02c_training_profiles" in (REPO / "_toc.yml").read_text()
+
+
+def test_2c_committed_results_profile_all_three_variants():
+    rows = json.loads((REPO / "results" / "h200" / "02c_training_profiles.json").read_text())["measurements"]
+    profiles = {r["variant"]: r for r in rows if r["workload"] == "gpt_regional_profile" and r["status"] == "ok"}
+    assert set(profiles) == {"eager", "whole-model", "regional"}
+    for row in profiles.values():
+        assert row["kernels_per_step"] > 0 and row["kernel_ms"] > 0 and row["activity"] == "CUDA kernels"
+        assert row["kernel_ms"] == pytest.approx(sum(v for k, v in row.items() if k.startswith("kernel_ms_")))
+    assert profiles["regional"]["graph_calls_per_step"] > profiles["whole-model"]["graph_calls_per_step"] > 0
