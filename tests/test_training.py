@@ -316,6 +316,9 @@ def test_stored_rows_come_back_marked_with_their_origin(tmp_path):
     assert loaded[0]["median_ms"] == 20.0 and loaded[0]["source"].startswith(f"loaded from {path}")
     assert "(commit abc1234, 2026-12-03, torch 2.11.0)" in loaded[0]["source"]
     assert "commit 0ld" in loaded[1]["source"]  # loaded before: it keeps the run that measured it
+    wider = training.stored_rows("02c_training_profiles", "resnet batch 8", gpu="NVIDIA H200", root=tmp_path,
+                                 statuses=("ok", "skipped"))
+    assert [r["variant"] for r in wider] == ["eager", "default", "max-autotune-no-cudagraphs"]
     assert training.stored_rows("02c_training_profiles", "resnet batch 8", gpu="cpu", root=tmp_path) == []
     utils.save_results("02c_training_profiles", rows, {**prov, "preset": "smoke"}, root=tmp_path)
     assert training.stored_rows("02c_training_profiles", "resnet batch 8", gpu="NVIDIA H200", root=tmp_path) == []

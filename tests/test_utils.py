@@ -248,3 +248,74 @@ def test_run_book_executes_with_the_preset(tmp_path):
     assert "preset is smoke" in executed.cells[-1].outputs[0]["text"]
     with pytest.raises(FileNotFoundError):
         execute(tmp_path / "nope.ipynb")
+
+
+# --- deadline: a block that may run too long (chapter 5c) -------------------------------------------
+
+def test_deadline_stops_a_block_that_runs_too_long_even_if_it_catches_exception():
+    import signal
+
+    start = time.perf_counter()
+    with pytest.raises(utils.OutOfTime, match="still running after"):
+        with utils.deadline(0.2):
+            try:
+                time.sleep(5)
+            except Exception:  # code that swallows errors does not swallow the deadline
+                pass
+    assert time.perf_counter() - start < 2
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)  # nothing left armed
+
+
+def test_deadline_fires_again_if_the_block_swallows_it_and_restores_the_handler():
+    import signal
+
+    caught = 0
+    with pytest.raises(utils.OutOfTime):
+        with utils.deadline(0.1, every=0.1):
+            while True:
+                try:
+                    time.sleep(1)
+                except utils.OutOfTime:
+                    caught += 1
+                    if caught == 3:
+                        raise
+    assert caught == 3
+    with utils.deadline(5):  # a block that ends in time: no exception
+        pass
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    assert signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, signal.SIG_IGN, None) or callable(
+        signal.getsignal(signal.SIGALRM))
+
+
+def test_deadline_stops_a_cold_compile_and_torch_compiles_again_afterwards():
+    def f(x):
+        return torch.sin(x) + x.relu()
+
+    x = torch.randn(64, 64)
+    torch._dynamo.reset()
+    start = time.perf_counter()
+    with torch._inductor.config.patch(force_disable_caches=True):
+        with pytest.raises(utils.OutOfTime):
+            with utils.deadline(0.3):
+                torch.compile(f)(x)
+    assert time.perf_counter() - start < 10
+    torch._dynamo.reset()
+    torch.testing.assert_close(torch.compile(f)(x), f(x))  # the interrupted compile left torch usable
+
+
+def test_deadline_refuses_a_thread_other_than_main():
+    import threading
+
+    errors = []
+
+    def run():
+        try:
+            with utils.deadline(1):
+                pass
+        except RuntimeError as error:
+            errors.append(str(error))
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    assert errors and "main thread" in errors[0]

@@ -5,5 +5,5 @@ from .glue import glue
 from .models import Block, BlockStack, block_stack, count_params
 from .plots import cumulative_time, grouped_bars
 from .results import load_results, results_path, save_results
-from .timing import Budget, Timing, sync, time_first_call, time_fn
+from .timing import Budget, OutOfTime, Timing, deadline, sync, time_first_call, time_fn
 from .widgets import compile_panel

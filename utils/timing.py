@@ -1,4 +1,7 @@
 """Timing that is honest on GPUs and CPUs, built on torch.utils.benchmark."""
+import contextlib
+import signal
+import threading
 import time
 from dataclasses import dataclass
 
@@ -64,3 +67,29 @@ class Budget:
     def allows(self, seconds):
         """Whether `seconds` more work still fits in the budget (chapters 2 and 3)."""
         return self.spent() + seconds <= self.seconds
+
+
+class OutOfTime(BaseException):
+    """Raised by `deadline` in a block that ran too long; a BaseException, so `except Exception` lets it through (chapter 5c)."""
+
+
+@contextlib.contextmanager
+def deadline(seconds, every=5.0):
+    """Raise OutOfTime in the block after `seconds`, and again every `every` s until it ends (chapter 5c).
+
+    For a compile that may not finish in a run's time. It uses SIGALRM, so only in the main thread
+    of a POSIX process (a notebook's cells run there). The repeat catches code that swallows it.
+    """
+    if not hasattr(signal, "setitimer") or threading.current_thread() is not threading.main_thread():
+        raise RuntimeError("utils.deadline needs the main thread of a POSIX process (it uses SIGALRM)")
+
+    def on_alarm(signum, frame):
+        raise OutOfTime(f"still running after {seconds:.1f} s")
+
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, max(seconds, 1e-3), every)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)

@@ -332,8 +332,8 @@ def profile_train_steps(model, inputs, steps):
 
 # --- chapter 2c: results measured in this run, or loaded from an earlier one -------------------------
 
-def stored_rows(chapter, workload, gpu=None, root=None, preset="full"):
-    """Chapter 2c: the ok rows of `workload` in this GPU's results file of a `preset` run, marked "loaded from ..."; [] if none."""
+def stored_rows(chapter, workload, gpu=None, root=None, preset="full", statuses=("ok",)):
+    """Chapter 2c: rows of `workload` with a status in `statuses` in this GPU's results file of a `preset` run, marked "loaded from ..."."""
     path = results_path(chapter, gpu, root)
     if not path.exists():
         return []
@@ -344,7 +344,7 @@ def stored_rows(chapter, workload, gpu=None, root=None, preset="full"):
     shown = path.relative_to(REPO_ROOT) if path.is_relative_to(REPO_ROOT) else path
     source = f"loaded from {shown} (commit {prov.get('commit', 'unknown')}, {prov.get('date')}, torch {prov.get('torch')})"
     return [{**row, "source": row.get("source") or source} for row in data["measurements"]  # a re-loaded row keeps its origin
-            if row["workload"] == workload and row.get("status") == "ok"]
+            if row["workload"] == workload and row.get("status", "").split(":")[0] in statuses]
 
 
 def compute_or_load(keys, measure, stored, fits):
