@@ -287,6 +287,7 @@ def test_deadline_fires_again_if_the_block_swallows_it_and_restores_the_handler(
         signal.getsignal(signal.SIGALRM))
 
 
+@pytest.mark.filterwarnings("ignore:dynamo_pgo force disabled")
 def test_deadline_stops_a_cold_compile_and_torch_compiles_again_afterwards():
     def f(x):
         return torch.sin(x) + x.relu()
