@@ -287,6 +287,7 @@ def test_deadline_fires_again_if_the_block_swallows_it_and_restores_the_handler(
 
 
 @pytest.mark.filterwarnings("ignore:dynamo_pgo force disabled")
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_deadline_stops_a_cold_compile_and_torch_compiles_again_afterwards():
     def f(x):
         return torch.sin(x) + x.relu()
@@ -296,7 +297,7 @@ def test_deadline_stops_a_cold_compile_and_torch_compiles_again_afterwards():
     start = time.perf_counter()
     with torch._inductor.config.patch(force_disable_caches=True):
         with pytest.raises(utils.OutOfTime):
-            with utils.deadline(0.3):
+            with utils.deadline(0.3, every=0.2):  # an alarm landing in a weakref callback is lost: the next one is not
                 torch.compile(f)(x)
     assert time.perf_counter() - start < 10
     torch._dynamo.reset()

@@ -78,7 +78,8 @@ def deadline(seconds, every=5.0):
     """Raise OutOfTime in the block after `seconds`, and again every `every` s until it ends (chapter 5c).
 
     For a compile that may not finish in a run's time. It uses SIGALRM, so only in the main thread
-    of a POSIX process (a notebook's cells run there). The repeat catches code that swallows it.
+    of a POSIX process (a notebook's cells run there). The repeat is for when it is swallowed: by
+    code that catches it, or by Python itself when the alarm lands in a weakref callback or __del__.
     """
     if not hasattr(signal, "setitimer") or threading.current_thread() is not threading.main_thread():
         raise RuntimeError("utils.deadline needs the main thread of a POSIX process (it uses SIGALRM)")
