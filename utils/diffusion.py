@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from .compare import break_even_calls
 from .timing import Budget, time_first_call, time_fn
 
 # The Stable Diffusion 1.5 architecture, from the unet/, vae/, text_encoder/ and scheduler/ configs of its checkpoint.
@@ -374,10 +375,10 @@ def interleaved_speedup(eager_before_ms, compiled_ms, eager_after_ms):
 
 def break_even_images(extra_compile_s, baseline_ms, tuned_ms, steps):
     """Chapter 5c: images of `steps` UNet steps that repay extra compile seconds; 0 if none extra, None if not faster."""
-    saved_s = steps * (baseline_ms - tuned_ms) / 1e3
     if extra_compile_s <= 0:
         return 0.0
-    return None if saved_s <= 0 else extra_compile_s / saved_s
+    steps_to_repay = break_even_calls(extra_compile_s, baseline_ms, tuned_ms)  # None if not faster
+    return None if steps_to_repay is None else steps_to_repay / steps
 
 
 # --- LoRA adapters, made offline -------------------------------------------------------------------
