@@ -13,6 +13,12 @@ WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 # the provenance printout, e.g. "       gpu: NVIDIA H200" or "'gpu': 'NVIDIA H200'"
 GPU_LINE = re.compile(r"""\bgpu['"]?\s*:\s*['"]?NVIDIA\b""", re.IGNORECASE)
 SMOKE_CELL_TIMEOUT_S = 1800
+# What a chapter's smoke run must print besides running clean: checks of that chapter's own (regexes).
+SMOKE_PRINTS = {
+    "05c_diffusion_tuning": [r"default \+ channels_last:\s+\d",  # the reference variant ran
+                             r"diffusers settings \+ channels_last:\s+\d",  # diffusers' settings run on a CPU too
+                             r"max-autotune \+ channels_last: skipped: .*needs a GPU"],
+}
 
 
 def load(path):
@@ -110,6 +116,9 @@ def test_runs_in_smoke_preset_on_cpu(notebook, tmp_path, monkeypatch):
     assert params and 'PRESET = "smoke"' in "".join(params[0]["source"]), "PRESET was not injected"
     used, glued = glue_used(nb), glue_stored(nb)
     assert not used - glued, f"the prose uses values the run never glued: {sorted(used - glued)}"
+    text = "".join(output_text(o) for c in code_cells(nb) for o in c.get("outputs", []))
+    for pattern in SMOKE_PRINTS.get(notebook.stem, []):
+        assert re.search(pattern, text), f"the smoke run did not print {pattern!r}"
 
 
 # (b) the committed notebooks carry the outputs of a clean run on an NVIDIA GPU ---------------------
