@@ -163,6 +163,56 @@ def test_compare_counts_recompiles():
     assert rows[1]["status"] == "ok" and rows[1]["recompiles"] == 1
 
 
+@pytest.mark.filterwarnings("ignore:dynamo_pgo force disabled")
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_compare_stops_a_compile_at_its_time_limit_and_skips_the_rest():
+    import signal
+
+    start = time.perf_counter()
+    with torch._inductor.config.patch(force_disable_caches=True):  # a cold compile: seconds on a CPU, not one
+        rows = utils.compare(make_tiny, tiny_inputs(), [{"mode": "default"}, {"backend": "aot_eager"}],
+                             workload="limited", device="cpu", min_run_time=0.01, time_limit_s=1.0)
+    assert time.perf_counter() - start < 15  # stopped, not compiled to the end
+    eager, default, aot = rows
+    assert eager["status"] == "ok" and eager["median_ms"] > 0  # eager is always measured
+    assert default["status"].startswith("unfinished: still compiling after ")
+    assert default["status"].endswith(" s, when its time limit ran out")
+    assert 0 < default["compile_s_at_least"] < 1.0 + 6  # the limit less eager's time (or one repeat of the alarm)
+    assert "median_ms" not in default and "speedup" not in default
+    assert aot["status"] == "skipped: no time left of its 1 s limit" and aot["variant"] == "backend=aot_eager"
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)  # no alarm left armed
+    torch.manual_seed(0)
+    compiled = torch.compile(make_tiny())  # the interrupted compile left torch usable
+    torch.manual_seed(0)
+    reference = make_tiny()
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(*tiny_inputs()), reference(*tiny_inputs()))
+
+
+def test_compare_with_time_to_spare_reports_as_without_a_limit():
+    import signal
+
+    configs = [{"mode": "default"}, {"mode": "reduce-overhead"}, {"backend": "aot_eager"}]
+    limited = utils.compare(make_tiny, tiny_inputs(), configs, workload="tiny", device="cpu", min_run_time=0.05,
+                            time_limit_s=600)
+    unlimited = utils.compare(make_tiny, tiny_inputs(), configs, workload="tiny", device="cpu", min_run_time=0.05)
+    assert [r["status"].split(":")[0] for r in limited] == ["ok", "ok", "skipped", "ok"]
+    assert [r["status"] for r in limited] == [r["status"] for r in unlimited]
+    assert [sorted(r) for r in limited] == [sorted(r) for r in unlimited]  # the same fields, no compile_s_at_least
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+
+
+@pytest.mark.filterwarnings("ignore:dynamo_pgo force disabled")
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_compare_without_a_limit_lets_an_enclosing_deadline_through():
+    with torch._inductor.config.patch(force_disable_caches=True):
+        with pytest.raises(utils.OutOfTime):  # the caller's deadline, not a row of compare's
+            with utils.deadline(0.5, every=0.2):
+                utils.compare(make_tiny, tiny_inputs(), [{"mode": "default"}], workload="tiny", device="cpu",
+                              min_run_time=0.01)
+    torch._dynamo.reset()
+
+
 # --- results files -----------------------------------------------------------------------------
 
 def test_results_round_trip(tmp_path):

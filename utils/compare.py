@@ -1,10 +1,13 @@
 """Eager against compile configurations, one fresh model each, every failure reported (chapter 1)."""
+import contextlib
+import time
 import traceback
 
 import torch
 from torch._dynamo.utils import counters
 
-from .timing import time_fn, time_first_call
+from .llm import free_compiled
+from .timing import OutOfTime, deadline, time_fn, time_first_call
 
 CUDA_GRAPH_MODES = {"reduce-overhead", "max-autotune"}
 
@@ -69,8 +72,8 @@ def forward(model, inputs):
         return model(*inputs)
 
 
-def measure(make_model, inputs, config, *, run=forward, min_run_time=1.0):
-    """Build a fresh model, compile it as configured, and time it; returns a measurement dict (chapter 1)."""
+def measure(make_model, inputs, config, *, run=forward, min_run_time=1.0, seconds=None):
+    """A fresh model, compiled as configured and timed; OutOfTime if compiling past `seconds` (chapters 1 and 2c)."""
     torch._dynamo.reset()
     counters.clear()
     torch.manual_seed(0)
@@ -79,7 +82,13 @@ def measure(make_model, inputs, config, *, run=forward, min_run_time=1.0):
         model = torch.compile(model, **compile_kwargs(config))
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
-    compile_s, out = time_first_call(lambda: run(model, inputs))
+    start = time.perf_counter()
+    try:
+        with deadline(seconds) if seconds is not None else contextlib.nullcontext():
+            compile_s, out = time_first_call(lambda: run(model, inputs))
+    except OutOfTime as stop:
+        stop.compile_s = time.perf_counter() - start  # how long it had compiled: a lower bound on its compile
+        raise
     out = detach_copy(out)
     timing = time_fn(lambda: run(model, inputs), min_run_time=min_run_time)
     graphs = counters["stats"]["unique_graphs"]
@@ -115,19 +124,39 @@ def recount_model_breaks(rows, make_model, model_inputs):
     return rows
 
 
-def compare(make_model, inputs, configs, *, workload, device, run=forward, min_run_time=1.0, extra=None):
-    """Eager first, then each configuration: median, spread, speedup, compile s, memory, breaks, error (chapter 1)."""
+def seconds_left(time_limit_s, started):
+    """What is left of `time_limit_s` seconds begun at perf_counter() `started`; None without a limit (chapter 2c)."""
+    return None if time_limit_s is None else time_limit_s - (time.perf_counter() - started)
+
+
+def compare(make_model, inputs, configs, *, workload, device, run=forward, min_run_time=1.0, extra=None,
+            time_limit_s=None):
+    """Eager, then each configuration: median, spread, speedup, compile s, memory, breaks, error (chapters 1 and 2c).
+
+    With `time_limit_s`, each compile gets what is left of it, counted from the call: one still
+    compiling then is stopped and reported unfinished, with the seconds it ran (`compile_s_at_least`),
+    and the configurations after it are skipped. Eager is always measured.
+    """
+    started = time.perf_counter()
     rows, eager_ms, eager_out = [], None, None
     for config in [EAGER] + [c for c in configs if c.get("compile") is not False]:
         row = {"workload": workload, "variant": variant_name(config), **(extra or {}),
                "mode": config.get("mode"), "backend": None if config is EAGER else config.get("backend", "inductor"),
                "fullgraph": bool(config.get("fullgraph")), "dynamic": config.get("dynamic")}
         reason = unsupported_reason(config, device)
+        seconds = None if config is EAGER else seconds_left(time_limit_s, started)
+        if not reason and seconds is not None and seconds <= 0:
+            reason = f"no time left of its {time_limit_s:.0f} s limit"
         if reason:
             rows.append({**row, "status": f"skipped: {reason}"})
             continue
+        compiled_s = None
         try:
-            result, out = measure(make_model, inputs, config, run=run, min_run_time=min_run_time)
+            result, out = measure(make_model, inputs, config, run=run, min_run_time=min_run_time, seconds=seconds)
+        except OutOfTime as stop:  # still compiling when its time ran out: a lower bound on its compile is a result
+            if seconds is None:  # not this limit's: an enclosing deadline's, for its caller
+                raise
+            compiled_s = stop.compile_s
         except torch.cuda.OutOfMemoryError:
             torch.cuda.empty_cache()
             rows.append({**row, "status": "failed: out of GPU memory"})
@@ -135,6 +164,11 @@ def compare(make_model, inputs, configs, *, workload, device, run=forward, min_r
         except Exception as error:  # a compile error is a result, not the end of the sweep
             last = traceback.format_exception_only(type(error), error)[-1].strip()
             rows.append({**row, "status": f"failed: {last[:300]}"})
+            continue
+        if compiled_s is not None:  # outside the handler: the interrupted compile's frames can be freed now
+            free_compiled()
+            rows.append({**row, "status": f"unfinished: still compiling after {compiled_s:.0f} s, "
+                                          "when its time limit ran out", "compile_s_at_least": compiled_s})
             continue
         graphs = result.pop("graphs")
         if config is EAGER:
