@@ -15,6 +15,12 @@ GPU_LINE = re.compile(r"""\bgpu['"]?\s*:\s*['"]?NVIDIA\b""", re.IGNORECASE)
 SMOKE_CELL_TIMEOUT_S = 1800
 # What a chapter's smoke run must print besides running clean: checks of that chapter's own (regexes).
 SMOKE_PRINTS = {
+    "02c_training_profiles": [r"eager: done", r"regional: done",  # the profiles measured (nothing stored in smoke)
+                              r"batch 2: measuring, with \d+ s left for it", r"batch 4: measured"],
+    "05b_diffusion_serving": [r"hotswap: swap .* 0 new graph",  # hotswap kept the compiled blocks
+                              r"dynamic=None \(default\) at\s+\d+: 1 new graph",
+                              r"dynamic=True at\s+\d+: 1 new graph",
+                              r"warm cache, dynamic=True at\s+\d+: 1 new graph", r"dynamic\+warm: done"],
     "05c_diffusion_tuning": [r"default \+ channels_last:\s+\d",  # the reference variant ran
                              r"diffusers settings \+ channels_last:\s+\d",  # diffusers' settings run on a CPU too
                              r"max-autotune \+ channels_last: skipped: .*needs a GPU"],

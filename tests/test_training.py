@@ -363,3 +363,27 @@ def test_2c_committed_results_profile_all_three_variants():
         assert row["kernels_per_step"] > 0 and row["kernel_ms"] > 0 and row["activity"] == "CUDA kernels"
         assert row["kernel_ms"] == pytest.approx(sum(v for k, v in row.items() if k.startswith("kernel_ms_")))
     assert profiles["regional"]["graph_calls_per_step"] > profiles["whole-model"]["graph_calls_per_step"] > 0
+
+
+def test_2c_committed_autotune_rows_are_timed_unfinished_or_skipped_with_a_reason():
+    data = json.loads((REPO / "results" / "h200" / "02c_training_profiles.json").read_text())
+    batches = [r for r in data["measurements"] if r["workload"].startswith("resnet batch")]
+    assert {r["batch"] for r in batches if "batch" in r} <= {8, 128}
+    for workload in {r["workload"] for r in batches}:
+        rows = {r["variant"]: r for r in batches if r["workload"] == workload}
+        assert set(rows) == {"eager", "default", "max-autotune-no-cudagraphs"}
+        statuses = [rows[v]["status"].split(":")[0] for v in ("eager", "default", "max-autotune-no-cudagraphs")]
+        if statuses[0] == "skipped":  # not measured and not stored: every row says why
+            assert set(statuses) == {"skipped"}
+            continue
+        assert statuses[0] == "ok" and rows["eager"]["speedup"] == pytest.approx(1.0)
+        for row in rows.values():
+            if row["status"] == "ok" and row["variant"] != "eager":
+                assert row["compile_s"] > 0 and row["speedup"] == pytest.approx(
+                    rows["eager"]["median_ms"] / row["median_ms"])
+            if row["status"].startswith("unfinished"):  # a lower bound, and nothing after it ran
+                assert row["compile_s_at_least"] > 0 and "median_ms" not in row
+        if "unfinished" in statuses:
+            assert statuses[statuses.index("unfinished") + 1:] in ([], ["skipped"])
+        sources = {r.get("source") for r in rows.values()}
+        assert len(sources) == 1  # one batch's rows come from one run: measured together or loaded together
