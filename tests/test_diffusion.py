@@ -371,3 +371,26 @@ def test_5c_committed_results_are_timed_or_lower_bounds():
             assert row["compile_s_at_least"] > 0 and "median_ms" not in row
         if "source" in row:  # loaded from an earlier run of this chapter on this GPU
             assert row["source"].startswith("loaded from results/h200/05c_diffusion_tuning.json (commit ")
+
+
+def test_5b_committed_resolution_rows_are_timed_unfinished_or_skipped_with_a_reason():
+    data = json.loads((REPO / "results" / "h200" / "05b_diffusion_serving.json").read_text())
+    rows = {r["variant"]: r for r in data["measurements"] if r["workload"] == "resolution"}
+    assert set(rows) == {"dynamic=None (default)", "dynamic=True", "warm cache, dynamic=True"}
+    for row in rows.values():
+        status = row["status"].split(":")[0]
+        assert status in ("ok", "unfinished", "skipped"), row["status"]
+        per = row.get("per_resolution", [])
+        assert [p["resolution"] for p in per] == row.get("resolutions", [])[:len(per)]
+        if status == "ok":  # every resolution called, its compiles summed
+            assert len(per) == len(row["resolutions"]) == 3
+            assert row["compile_s"] == pytest.approx(sum(p["compile_s"] for p in per))
+            assert per[0]["new_graphs"] == 1 and per[0]["compile_s"] > 0
+        if status == "unfinished":  # a lower bound: what it completed, and more
+            assert row["stopped_at"] in row["resolutions"] and row["stopped_at"] not in [p["resolution"] for p in per]
+            assert row["compile_s_at_least"] > sum(p["compile_s"] for p in per)
+        if row.get("source"):
+            assert re.search(r"loaded from results/h200/05b_diffusion_serving\.json \(commit \w+", row["source"])
+    warm, cold = rows["warm cache, dynamic=True"], rows["dynamic=True"]
+    if warm["status"] == "ok":  # the warm repeat ran only after its cold row finished, in the same run
+        assert cold["status"] == "ok" and warm.get("source") == cold.get("source")
