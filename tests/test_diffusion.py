@@ -376,7 +376,7 @@ def test_5c_committed_results_are_timed_or_lower_bounds():
 def test_5b_committed_resolution_rows_are_timed_unfinished_or_skipped_with_a_reason():
     data = json.loads((REPO / "results" / "h200" / "05b_diffusion_serving.json").read_text())
     rows = {r["variant"]: r for r in data["measurements"] if r["workload"] == "resolution"}
-    assert set(rows) == {"dynamic=None (default)", "dynamic=True", "warm cache, dynamic=True"}
+    assert set(rows) == {"dynamic=None (default)", "warm cache, dynamic=None", "dynamic=True"}
     for row in rows.values():
         status = row["status"].split(":")[0]
         assert status in ("ok", "unfinished", "skipped"), row["status"]
@@ -391,6 +391,6 @@ def test_5b_committed_resolution_rows_are_timed_unfinished_or_skipped_with_a_rea
             assert row["compile_s_at_least"] > sum(p["compile_s"] for p in per)
         if row.get("source"):
             assert re.search(r"loaded from results/h200/05b_diffusion_serving\.json \(commit \w+", row["source"])
-    warm, cold = rows["warm cache, dynamic=True"], rows["dynamic=True"]
+    warm, cold = rows["warm cache, dynamic=None"], rows["dynamic=None (default)"]
     if warm["status"] == "ok":  # the warm repeat ran only after its cold row finished, in the same run
         assert cold["status"] == "ok" and warm.get("source") == cold.get("source")

@@ -20,7 +20,7 @@ SMOKE_PRINTS = {
     "05b_diffusion_serving": [r"hotswap: swap .* 0 new graph",  # hotswap kept the compiled blocks
                               r"dynamic=None \(default\) at\s+\d+: 1 new graph",
                               r"dynamic=True at\s+\d+: 1 new graph",
-                              r"warm cache, dynamic=True at\s+\d+: 1 new graph", r"dynamic\+warm: done"],
+                              r"warm cache, dynamic=None at\s+\d+: 1 new graph", r"default\+warm: done"],
     "05c_diffusion_tuning": [r"default \+ channels_last:\s+\d",  # the reference variant ran
                              r"diffusers settings \+ channels_last:\s+\d",  # diffusers' settings run on a CPU too
                              r"max-autotune \+ channels_last: skipped: .*needs a GPU"],
