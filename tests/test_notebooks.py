@@ -165,7 +165,8 @@ def test_glued_values_show_as_recorded(notebook):
     """{glue:text} on the site shows what the notebook glued, for every value the prose uses.
 
     myst-nb passes a glued text/plain value through ast.literal_eval before showing it, so a bare
-    string such as 5,591 would be shown as the tuple (5, 591).
+    string such as 5,591 would be shown as the tuple (5, 591); and it shows the text as it is, so
+    Markdown in it (backticks around code) would show literally.
     """
     from myst_nb.core.variables import format_plain_text
 
@@ -189,6 +190,8 @@ def test_glued_values_show_as_recorded(notebook):
                 value = text
             if shown != text and not (isinstance(value, str) and shown == value):
                 wrong.append(f"{scrapbook['name']}: glued {text!r}, the site shows {shown!r}")
+            elif "`" in shown:
+                wrong.append(f"{scrapbook['name']}: {shown!r} holds Markdown, which the site shows as it is")
     assert not wrong, "glued values the site would misquote:\n" + "\n".join(wrong)
 
 
