@@ -1,9 +1,25 @@
-"""The small library the book's notebooks share. Each function's docstring names the chapter that teaches it."""
-from .compare import EAGER, break_even_calls, compare, compile_kwargs, tolerance, variant_name
-from .env import gpu_name, gpu_slug, pick_device, pick_dtype, provenance, resolve_preset
-from .glue import glue
+"""The small library the book's notebooks share. Each function's docstring names the chapter that teaches it.
+
+Importing it pulls in neither IPython nor ipywidgets: `glue`, `show_table` and the panels load them
+when first used.
+"""
+from .compare import EAGER, break_even_calls, compare, compile_kwargs, describe, tolerance, variant_name
+from .glue import glue, glue_num
+from .env import choose_preset, gpu_name, gpu_slug, pick_device, pick_dtype, pick_preset, provenance, resolve_preset
 from .models import Block, BlockStack, block_stack, count_params
 from .plots import cumulative_time, grouped_bars
 from .results import load_results, results_path, save_results
-from .timing import Budget, OutOfTime, Timing, deadline, sync, time_first_call, time_fn
-from .widgets import compile_panel
+from .runs import PartsPending, Run
+from .timing import (Budget, OutOfTime, Timing, deadline, gpu_time_ms, sync, time_first_call, time_fn,
+                     time_interleaved)
+
+_LAZY = {"show_table": "tables", "compile_panel": "widgets"}
+
+
+def __getattr__(name):
+    """Load the display helpers on first use, so `import utils` stays free of IPython and ipywidgets."""
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module 'utils' has no attribute {name!r}")

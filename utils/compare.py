@@ -1,15 +1,17 @@
-"""Eager against compile configurations, one fresh model each, every failure reported (chapter 1)."""
+"""Eager against compile configurations, one fresh model each, timed in alternating rounds (chapter 1)."""
 import contextlib
+import statistics
 import time
 import traceback
 
 import torch
 from torch._dynamo.utils import counters
 
-from .llm import free_compiled
-from .timing import OutOfTime, deadline, time_fn, time_first_call
+from .compiler import cudagraph_step_begin, free_compiled, is_oom  # noqa: F401 (cudagraph_step_begin re-exported)
+from .timing import OutOfTime, deadline, gpu_time_ms, time_first_call, time_fn, time_interleaved
 
 CUDA_GRAPH_MODES = {"reduce-overhead", "max-autotune"}
+EAGER = {"compile": False}
 
 
 def variant_name(config):
@@ -25,9 +27,6 @@ def variant_name(config):
     if config.get("dynamic") is not None:
         parts.append(f"dynamic={config['dynamic']}")
     return "+".join(parts)
-
-
-EAGER = {"compile": False}
 
 
 def compile_kwargs(config):
@@ -72,38 +71,41 @@ def forward(model, inputs):
         return model(*inputs)
 
 
-def measure(make_model, inputs, config, *, run=forward, min_run_time=1.0, seconds=None):
-    """A fresh model, compiled as configured and timed; OutOfTime if compiling past `seconds` (chapters 1 and 2c)."""
+def row(status, reason=None, **fields):
+    """One measurement row: status 'ok', 'failed' or 'skipped', with the reason when not ok (chapter 1)."""
+    if status not in ("ok", "failed", "skipped", "unfinished"):
+        raise ValueError(f"unknown status {status!r}")
+    return {**fields, "status": status, **({"reason": reason} if reason else {})}
+
+
+def describe(r):
+    """A row's status as one line: 'ok', or 'failed: why' (chapter 1)."""
+    return r["status"] + (f": {r['reason']}" if r.get("reason") else "")
+
+
+def memory_baseline():
+    """Start counting a variant's memory: reset the peak and return what is held now, in bytes (chapter 1)."""
+    if not torch.cuda.is_available():
+        return None
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    return torch.cuda.memory_allocated()
+
+
+def memory_added_gb(baseline):
+    """Peak GB the variant added on top of its baseline (weights, activations, CUDA-graph pools) (chapter 1)."""
+    if baseline is None:
+        return None
+    return (torch.cuda.max_memory_allocated() - baseline) / 1e9
+
+
+def fresh(make_model, config):
+    """A new model from make_model(), compiled as configured, with Dynamo's state reset first (chapter 1)."""
     torch._dynamo.reset()
     counters.clear()
     torch.manual_seed(0)
     model = make_model()
-    if config.get("compile") is not False:
-        model = torch.compile(model, **compile_kwargs(config))
-    if torch.cuda.is_available():
-        torch.cuda.reset_peak_memory_stats()
-    start = time.perf_counter()
-    try:
-        with deadline(seconds) if seconds is not None else contextlib.nullcontext():
-            compile_s, out = time_first_call(lambda: run(model, inputs))
-    except OutOfTime as stop:
-        stop.compile_s = time.perf_counter() - start  # how long it had compiled: a lower bound on its compile
-        raise
-    out = detach_copy(out)
-    timing = time_fn(lambda: run(model, inputs), min_run_time=min_run_time)
-    graphs = counters["stats"]["unique_graphs"]
-    return {
-        "median_ms": timing.median_ms, "p10_ms": timing.p10_ms, "p90_ms": timing.p90_ms,
-        "compile_s": compile_s if config.get("compile") is not False else 0.0,
-        "peak_mem_gb": torch.cuda.max_memory_allocated() / 1e9 if torch.cuda.is_available() else None,
-        "graphs": graphs,
-    }, out
-
-
-def cudagraph_step_begin():
-    """Tell CUDA graphs (reduce-overhead) a new step starts; a no-op without a GPU or while traced (chapter 1)."""
-    if torch.cuda.is_available() and not torch.compiler.is_compiling():
-        torch.compiler.cudagraph_mark_step_begin()
+    return model if config.get("compile") is False else torch.compile(model, **compile_kwargs(config))
 
 
 def count_graph_breaks(make_model, inputs, run=forward):
@@ -118,10 +120,55 @@ def count_graph_breaks(make_model, inputs, run=forward):
 def recount_model_breaks(rows, make_model, model_inputs):
     """Set compiled rows' graph_breaks to the model's own forward breaks, when `run` did more than a forward (chapter 1)."""
     _, breaks = count_graph_breaks(make_model, model_inputs)
-    for row in rows:
-        if row["variant"] != "eager" and row.get("status") == "ok":
-            row["graph_breaks"] = breaks
+    for r in rows:
+        if r["variant"] != "eager" and r.get("status") == "ok":
+            r["graph_breaks"] = breaks
     return rows
+
+
+def measure_eager(make_model, inputs, *, run=forward, min_run_time=1.0):
+    """The eager model, its output, and its row: median and spread of its step, GPU time, memory (chapter 1)."""
+    baseline = memory_baseline()
+    model = fresh(make_model, EAGER)
+    _, out = time_first_call(lambda: run(model, inputs))
+    timing = time_fn(lambda: run(model, inputs), min_run_time=min_run_time)
+    return model, detach_copy(out), {
+        "median_ms": timing.median_ms, "p10_ms": timing.p10_ms, "p90_ms": timing.p90_ms,
+        "gpu_ms": gpu_time_ms(lambda: run(model, inputs)), "compile_s": 0.0,
+        "peak_mem_gb": memory_added_gb(baseline), "speedup": 1.0, "speedup_lo": 1.0, "speedup_hi": 1.0,
+        "graph_breaks": 0, "recompiles": 0, "max_abs_err": 0.0}
+
+
+def measure_against(eager_model, make_model, inputs, config, *, run=forward, min_run_time=1.0, rounds=7,
+                    seconds=None):
+    """A fresh compiled model timed in rounds alternating with the eager one: the speedup with its spread (chapter 1).
+
+    `speedup` is the median of the per-round ratios eager/compiled, `speedup_lo` and `speedup_hi`
+    the smallest and largest; `eager_ms` is the eager step timed in those same rounds. The first
+    call, which compiles, is timed on its own (`compile_s`). With `seconds`, a compile still running
+    then raises OutOfTime (kept only for chapters not yet measured in parts).
+    """
+    baseline = memory_baseline()
+    model = fresh(make_model, config)
+    start = time.perf_counter()
+    try:
+        with deadline(seconds) if seconds is not None else contextlib.nullcontext():
+            compile_s, out = time_first_call(lambda: run(model, inputs))
+    except OutOfTime as stop:
+        stop.compile_s = time.perf_counter() - start  # how long it had compiled: a lower bound on its compile
+        raise
+    out = detach_copy(out)
+    graphs = counters["stats"]["unique_graphs"]
+    timed = time_interleaved({"eager": lambda: run(eager_model, inputs), "compiled": lambda: run(model, inputs)},
+                             rounds=rounds, min_run_time=min_run_time)
+    ratios = timed.ratios("eager", "compiled")
+    compiled_ms = sorted(timed.ms["compiled"])
+    result = {"median_ms": statistics.median(compiled_ms), "p10_ms": compiled_ms[0], "p90_ms": compiled_ms[-1],
+              "eager_ms": timed.median_ms("eager"), "gpu_ms": gpu_time_ms(lambda: run(model, inputs)),
+              "compile_s": compile_s, "peak_mem_gb": memory_added_gb(baseline),
+              "speedup": statistics.median(ratios), "speedup_lo": min(ratios), "speedup_hi": max(ratios),
+              "rounds": rounds}
+    return result, out, graphs
 
 
 def seconds_left(time_limit_s, started):
@@ -129,58 +176,66 @@ def seconds_left(time_limit_s, started):
     return None if time_limit_s is None else time_limit_s - (time.perf_counter() - started)
 
 
-def compare(make_model, inputs, configs, *, workload, device, run=forward, min_run_time=1.0, extra=None,
-            time_limit_s=None):
-    """Eager, then each configuration: median, spread, speedup, compile s, memory, breaks, error (chapters 1 and 2c).
+def failure_reason(error):
+    """The last line of an exception, short enough for a table (chapter 1)."""
+    if is_oom(error):
+        return "out of GPU memory"
+    return traceback.format_exception_only(type(error), error)[-1].strip()[:300]
 
-    With `time_limit_s`, each compile gets what is left of it, counted from the call: one still
-    compiling then is stopped and reported unfinished, with the seconds it ran (`compile_s_at_least`),
-    and the configurations after it are skipped. Eager is always measured.
+
+def compare(make_model, inputs, configs, *, workload, device, run=forward, min_run_time=1.0, rounds=7, extra=None,
+            time_limit_s=None):
+    """Eager, then each configuration against it in alternating rounds: speedup with spread, compile s, memory, breaks, error (chapter 1).
+
+    Every row has a status: 'ok', 'skipped' (with the reason: a CUDA-graph mode on a CPU) or
+    'failed' (a compile error, out of memory): a failure is a result, and the sweep goes on.
+    `time_limit_s` is the older way to bound a sweep (chapter 2c); chapters measured in parts
+    leave time to the runner (utils.run_book).
     """
     started = time.perf_counter()
-    rows, eager_ms, eager_out = [], None, None
-    for config in [EAGER] + [c for c in configs if c.get("compile") is not False]:
-        row = {"workload": workload, "variant": variant_name(config), **(extra or {}),
-               "mode": config.get("mode"), "backend": None if config is EAGER else config.get("backend", "inductor"),
-               "fullgraph": bool(config.get("fullgraph")), "dynamic": config.get("dynamic")}
+    rows = []
+    try:
+        eager_model, eager_out, eager_row = measure_eager(make_model, inputs, run=run, min_run_time=min_run_time)
+    except Exception as error:
+        if not is_oom(error):
+            raise
+        free_compiled()
+        return [row("failed", failure_reason(error), workload=workload, variant="eager", **(extra or {}))]
+    rows.append(row("ok", workload=workload, variant="eager", **(extra or {}), mode=None, backend=None,
+                    fullgraph=False, dynamic=None, **eager_row))
+    for config in [c for c in configs if c.get("compile") is not False]:
+        fields = {"workload": workload, "variant": variant_name(config), **(extra or {}),
+                  "mode": config.get("mode"), "backend": config.get("backend", "inductor"),
+                  "fullgraph": bool(config.get("fullgraph")), "dynamic": config.get("dynamic")}
         reason = unsupported_reason(config, device)
-        seconds = None if config is EAGER else seconds_left(time_limit_s, started)
+        seconds = seconds_left(time_limit_s, started)
         if not reason and seconds is not None and seconds <= 0:
             reason = f"no time left of its {time_limit_s:.0f} s limit"
         if reason:
-            rows.append({**row, "status": f"skipped: {reason}"})
+            rows.append(row("skipped", reason, **fields))
             continue
         compiled_s = None
         try:
-            result, out = measure(make_model, inputs, config, run=run, min_run_time=min_run_time, seconds=seconds)
+            result, out, graphs = measure_against(eager_model, make_model, inputs, config, run=run,
+                                                  min_run_time=min_run_time, rounds=rounds, seconds=seconds)
         except OutOfTime as stop:  # still compiling when its time ran out: a lower bound on its compile is a result
             if seconds is None:  # not this limit's: an enclosing deadline's, for its caller
                 raise
             compiled_s = stop.compile_s
-        except torch.cuda.OutOfMemoryError:
-            torch.cuda.empty_cache()
-            rows.append({**row, "status": "failed: out of GPU memory"})
-            continue
-        except Exception as error:  # a compile error is a result, not the end of the sweep
-            last = traceback.format_exception_only(type(error), error)[-1].strip()
-            rows.append({**row, "status": f"failed: {last[:300]}"})
+        except Exception as error:  # a compile error or out of memory is a result, not the end of the sweep
+            free_compiled()
+            rows.append(row("failed", failure_reason(error), **fields))
             continue
         if compiled_s is not None:  # outside the handler: the interrupted compile's frames can be freed now
             free_compiled()
-            rows.append({**row, "status": f"unfinished: still compiling after {compiled_s:.0f} s, "
-                                          "when its time limit ran out", "compile_s_at_least": compiled_s})
+            rows.append(row("unfinished", f"still compiling after {compiled_s:.0f} s, when its time limit ran out",
+                            **fields, compile_s_at_least=compiled_s))
             continue
-        graphs = result.pop("graphs")
-        if config is EAGER:
-            eager_ms, eager_out = result["median_ms"], out
-            graph_count, breaks, graphs = 0, 0, 0
-        else:
-            graph_count, breaks = count_graph_breaks(make_model, inputs, run)
-        rows.append({**row, "status": "ok", **result,
-                     "speedup": eager_ms / result["median_ms"] if eager_ms else None,
-                     "graph_breaks": breaks,
-                     "recompiles": max(graphs - graph_count, 0),
-                     "max_abs_err": max_abs_error(out, eager_out) if eager_out is not None else None})
+        graph_count, breaks = count_graph_breaks(make_model, inputs, run)
+        rows.append(row("ok", **fields, **result, graph_breaks=breaks, recompiles=max(graphs - graph_count, 0),
+                        max_abs_err=max_abs_error(out, eager_out)))
+    del eager_model
+    free_compiled()
     return rows
 
 

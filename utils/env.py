@@ -24,14 +24,49 @@ def pick_dtype(device):
     return torch.bfloat16 if major >= 8 else torch.float16
 
 
-def resolve_preset(preset, presets, device=None):
-    """Turn 'auto' | 'smoke' | 'full' into (name, sizes): auto means full on CUDA, smoke on CPU (chapter 1)."""
-    device = device or pick_device()
-    name = ("full" if device == "cuda" else "smoke") if preset == "auto" else preset
-    if name not in presets:
+FULL_GPU_GB = 75  # an 80 GB card reports a little less
+COLAB_GPU_GB = (14, 40)  # T4 (15 GB), L4 and A10 (22-24 GB)
+
+
+def choose_preset(props=None):
+    """(preset, why) for this machine: full, colab, workshop or smoke, by the GPU found (chapter 1).
+
+    `props` stands for torch.cuda.get_device_properties(0) (tests pass a fake); None means look.
+    """
+    if props is None:
+        if not torch.cuda.is_available():
+            return "smoke", "no CUDA GPU: the smoke sizes check that every cell works on a CPU"
+        props = torch.cuda.get_device_properties(0)
+    gb = props.total_memory / 1e9
+    if gb >= FULL_GPU_GB:
+        return "full", f"{props.name} has {gb:.0f} GB: the published sizes fit"
+    if COLAB_GPU_GB[0] <= gb < COLAB_GPU_GB[1]:
+        return "colab", f"{props.name} has {gb:.0f} GB: sizes for a 15-24 GB GPU"
+    return "workshop", f"{props.name} has {gb:.0f} GB: the workshop sizes, a chapter in minutes"
+
+
+def pick_preset(preset, presets, props=None):
+    """(name, sizes, why) for PRESET: 'auto' chooses by the hardware; a chapter without that preset uses a smaller one (chapter 1)."""
+    if preset == "auto":
+        name, why = choose_preset(props)
+    elif preset in presets:
+        name, why = preset, "chosen by hand"
+    else:
         choices = ", ".join(["auto", *presets])
         raise ValueError(f"Unknown preset {preset!r}: choose one of {choices}.")
-    return name, presets[name]
+    for fallback in (name, "workshop", "smoke"):
+        if fallback in presets:
+            if fallback != name:
+                why += f"; this chapter has no {name!r} preset, so it runs {fallback!r}"
+            return fallback, presets[fallback], why
+    raise ValueError(f"the chapter defines no preset to run: {', '.join(presets)}")
+
+
+def resolve_preset(preset, presets, device=None):
+    """(name, sizes) for PRESET: 'auto' picks by the hardware found (see pick_preset) (chapter 1)."""
+    if device == "cpu":
+        return pick_preset(preset if preset != "auto" else "smoke", presets)[:2]
+    return pick_preset(preset, presets)[:2]
 
 
 def gpu_name():
@@ -73,6 +108,6 @@ def provenance(preset=None):
         "triton": triton_version,
         "python": platform.python_version(),
         "date": datetime.date.today().isoformat(),
-        "preset": preset,
+        **({"preset": preset} if preset else {}),  # the setup cell prints this before a preset is chosen
         "commit": git_commit(),
     }

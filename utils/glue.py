@@ -1,6 +1,4 @@
 """myst-nb's glue, usable where myst-nb is not installed (the GPU box), hidden by default."""
-import IPython
-from IPython.display import display as _display
 
 
 def glue(name, value, display=False):
@@ -9,7 +7,15 @@ def glue(name, value, display=False):
     Same output as myst_nb.glue. Strings are stored as their repr ('1.5x'); myst-nb strips the
     quotes again when it renders them.
     """
-    bundle, metadata = IPython.core.formatters.format_display_data(value)
+    from IPython.core.formatters import format_display_data
+    from IPython.display import display as _display
+
+    bundle, metadata = format_display_data(value)
     prefix = "" if display else "application/papermill.record/"  # myst_nb.ext.glue.GLUE_PREFIX
     metadata["scrapbook"] = dict(name=name, mime_prefix=prefix)
     _display({prefix + k: v for k, v in bundle.items()}, raw=True, metadata=metadata)
+
+
+def glue_num(value, digits=1, missing="n/a"):
+    """A measured number as text for glue: fixed digits, thousands separated; `missing` for None (chapter 3)."""
+    return missing if value is None else f"{value:,.{digits}f}"

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import torch
 
+from .compiler import compile_cache, free_compiled, is_oom  # noqa: F401 (re-exported for chapter 3)
+from .glue import glue_num  # noqa: F401 (re-exported for chapter 3)
 from .timing import time_fn
 
 # The Gemma-2B architecture (google/gemma-2b's config.json), for GemmaConfig(**GEMMA_2B).
@@ -338,49 +340,6 @@ def check_fits(model, batch, max_len, free_bytes, dtype=None):
                           f"logits, but only {free_bytes / 1e9:.1f} GB is free: use a smaller batch or shorter "
                           "sequences.")
     return need
-
-
-def is_oom(error):
-    """Whether an exception is an out-of-memory error, on GPU or CPU (chapter 3)."""
-    return isinstance(error, (torch.cuda.OutOfMemoryError, MemoryError)) or "out of memory" in str(error).lower()
-
-
-@contextlib.contextmanager
-def compile_cache(folder):
-    """Inductor and Triton caches in `folder`, in-memory ones cleared: empty = cold, filled = warm (chapter 3)."""
-    import torch._inductor.utils as inductor_utils
-
-    clear = (getattr(inductor_utils, "clear_caches", None) or getattr(inductor_utils, "clear_inductor_caches", None)
-             or (lambda: None))  # named clear_inductor_caches before torch 2.8
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    saved = {k: os.environ.get(k) for k in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
-    clear()
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(folder)
-    os.environ["TRITON_CACHE_DIR"] = str(folder / "triton")
-    try:
-        yield folder
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
-def free_compiled():
-    """Forget compiled code and CUDA graphs and return cached GPU memory, between configurations (chapter 3)."""
-    import gc
-
-    torch._dynamo.reset()
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-
-
-def glue_num(value, digits=1, missing="n/a"):
-    """A measured number as text for glue: fixed digits, thousands separated; `missing` for None (chapter 3)."""
-    return missing if value is None else f"{value:,.{digits}f}"
 
 
 def decode_panel(run, ceiling, modes, batches, prompt_lens, rows=None):

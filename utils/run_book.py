@@ -1,52 +1,192 @@
-"""Execute chapters in place with papermill on this machine, refreshing their outputs and results/.
+"""Run the book's chapters with papermill, on this machine, and say where each result went.
 
-    python -m utils.run_book                       # every chapter, preset auto (full on a GPU)
-    python -m utils.run_book --preset smoke notebooks/01_mechanism.ipynb
-    python -m utils.run_book --out /tmp/executed   # write executed copies elsewhere instead
+    python -m utils.run_book                                  # every chapter, preset auto
+    python -m utils.run_book notebooks/01_mechanism.ipynb     # one chapter
+    python -m utils.run_book --preset smoke --out /tmp/run    # a quick check, into copies
+    python -m utils.run_book --resume --max-seconds 540 notebooks/01_mechanism.ipynb
+
+A chapter is written in place only by a successful run in the full preset; any other run (smoke,
+or a chapter that failed) goes to --out (default _build/executed), so the committed chapters keep
+their measurements. With --resume, each measured part of a chapter is stored as soon as it
+finishes (results/<gpu>/parts/) and reused by the next command, so a chapter whose measurements
+need longer than one command is driven to completion over several: when one command's
+--max-seconds run out, run the same command again. The chapter is rendered once, by the run in
+which every part was present.
 """
 import argparse
+import json
+import os
+import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 from .env import REPO_ROOT
 
 NOTEBOOKS = REPO_ROOT / "notebooks"
+DEFAULT_OUT = REPO_ROOT / "_build" / "executed"
+PRESETS = ("auto", "full", "colab", "workshop", "smoke")
+PENDING = "PartsPending"  # the exception a notebook stops with when its next part needs another command
+EXIT_PENDING = 3  # run the same command again: parts are stored, more remain
 
 
-def execute(notebook, preset="auto", out_dir=None, timeout=None):
-    """Run one notebook top to bottom with PRESET set; returns the executed notebook's path (chapter 1)."""
-    import papermill
+class ChapterFailed(Exception):
+    """A chapter's run stopped on an error (its message names the cell's exception) (chapter 1)."""
 
+
+class ChapterPending(Exception):
+    """A resumable run stored what it could and needs another command (chapter 1)."""
+
+
+def auto_preset():
+    """What PRESET='auto' means here, as the notebooks resolve it (chapter 1)."""
+    from .env import choose_preset
+
+    return choose_preset()[0]
+
+
+def strip_injected(path):
+    """Remove papermill's injected parameters cell, so the notebook keeps PRESET = "auto" (chapter 1)."""
+    nb = json.loads(Path(path).read_text())
+    nb["cells"] = [c for c in nb["cells"] if "injected-parameters" not in c.get("metadata", {}).get("tags", [])]
+    Path(path).write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
+
+
+def _kill_tree(proc):
+    """Stop a process and every process it started (the kernel runs in a session of its own)."""
+    import psutil
+
+    try:
+        family = psutil.Process(proc.pid).children(recursive=True) + [psutil.Process(proc.pid)]
+    except psutil.NoSuchProcess:
+        return
+    for p in family:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(family, timeout=30)
+
+
+def _error_of(path):
+    """The first error output in an executed notebook, as 'Name: message', or None."""
+    try:
+        nb = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    for cell in nb.get("cells", []):
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "error":
+                return f"{out.get('ename')}: {out.get('evalue')}"
+    return None
+
+
+def execute(notebook, preset="auto", out_dir=None, timeout=None, *, seconds=None, resume=False, env=None):
+    """Run one notebook top to bottom with PRESET set, in a papermill subprocess; returns the executed copy's path (chapter 1).
+
+    `timeout` bounds each cell; `seconds` the whole run (it is stopped, kernel and all, after that).
+    The copy goes to out_dir (or a temporary folder) with papermill's injected cell removed.
+    Raises ChapterPending when a resumable run stopped to continue in the next command, and
+    ChapterFailed when a cell raised.
+    """
     notebook = Path(notebook).resolve()
     if not notebook.exists():
         raise FileNotFoundError(f"No notebook at {notebook}")
-    target = Path(out_dir).resolve() / notebook.name if out_dir else notebook
-    target.parent.mkdir(parents=True, exist_ok=True)
-    papermill.execute_notebook(str(notebook), str(target), parameters={"PRESET": preset},
-                               cwd=str(notebook.parent), kernel_name="python3",
-                               progress_bar=False, execution_timeout=timeout)
+    if preset not in PRESETS:
+        raise ValueError(f"Unknown preset {preset!r}: choose one of {', '.join(PRESETS)}.")
+    out_dir = Path(out_dir).resolve() if out_dir else Path(tempfile.mkdtemp(prefix="run_book-"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    target = out_dir / notebook.name
+    run_env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
+    if resume:
+        run_env["BOOK_RESUME"] = "1"
+        if seconds:
+            run_env["BOOK_DEADLINE"] = str(time.time() + seconds)
+            run_env["BOOK_WINDOW_S"] = str(seconds)
+    cmd = [sys.executable, "-m", "papermill", str(notebook), str(target), "-p", "PRESET", preset,
+           "--cwd", str(notebook.parent), "-k", "python3", "--no-progress-bar", "--log-level", "WARNING"]
+    if timeout:
+        cmd += ["--execution-timeout", str(int(timeout))]
+    proc = subprocess.Popen(cmd, env=run_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        log, _ = proc.communicate(timeout=seconds + 30 if seconds else None)
+    except subprocess.TimeoutExpired:  # the deadline passed inside a part: nothing of that part was stored
+        _kill_tree(proc)
+        if resume:
+            raise ChapterPending(f"stopped after {seconds:.0f} s inside a part") from None
+        raise ChapterFailed(f"still running after {seconds:.0f} s") from None
+    error = _error_of(target)
+    if error and error.startswith(PENDING) and resume:
+        raise ChapterPending(error.split(": ", 1)[-1])
+    if proc.returncode != 0 or error:
+        last_line = log.strip().splitlines()[-1] if log.strip() else f"papermill exited {proc.returncode}"
+        failed = target.with_name(target.stem + ".failed.ipynb")
+        if target.exists():
+            target.replace(failed)
+        raise ChapterFailed(f"{error or last_line} (the failed run: {failed})")
+    strip_injected(target)
     return target
 
 
+def run_chapter(notebook, preset, out_dir=None, *, resume=False, seconds=None, timeout=None):
+    """Run one chapter and put it where it belongs: in place for a full run, else under out_dir; returns where (chapter 1)."""
+    notebook = Path(notebook).resolve()
+    resolved = auto_preset() if preset == "auto" else preset
+    in_place = out_dir is None and resolved == "full"
+    target_dir = Path(out_dir) if out_dir else (notebook.parent if in_place else DEFAULT_OUT)
+    work_dir = DEFAULT_OUT / "work"  # the run writes here; a failed run stays here to be read
+    executed = execute(notebook, preset, work_dir, timeout, seconds=seconds, resume=resume)
+    target_dir.mkdir(parents=True, exist_ok=True)
+    target = target_dir / notebook.name
+    if target.resolve() != executed.resolve():
+        target.write_text(executed.read_text())
+        executed.unlink()
+    return target, resolved
+
+
 def main(argv=None):
-    """Command line: which notebooks, which preset, where to write (chapter 1)."""
+    """Command line: which notebooks, which preset, where to write, and whether to resume (chapter 1)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("notebooks", nargs="*", help="default: every notebooks/*.ipynb")
-    parser.add_argument("--preset", default="auto", help="auto | smoke | full (default auto)")
-    parser.add_argument("--out", help="folder for executed copies (default: in place)")
+    parser.add_argument("notebooks", nargs="*", help="default: every notebooks/[0-9]*.ipynb")
+    parser.add_argument("--preset", default="auto", choices=PRESETS,
+                        help="auto picks by the hardware found (default auto)")
+    parser.add_argument("--out", help=f"folder for executed copies (default: in place for a successful full run, "
+                                      f"else {DEFAULT_OUT.relative_to(REPO_ROOT)})")
+    parser.add_argument("--resume", action="store_true",
+                        help="store each measured part as it finishes and reuse stored ones")
+    parser.add_argument("--max-seconds", type=float,
+                        help="with --resume: stop starting parts after this many seconds; run again to go on")
     args = parser.parse_args(argv)
-    notebooks = args.notebooks or sorted(NOTEBOOKS.glob("[0-9]*.ipynb"))
-    failed = []
+    if args.max_seconds and not args.resume:
+        parser.error("--max-seconds needs --resume (a run stopped without it keeps nothing)")
+    notebooks = [Path(nb) for nb in args.notebooks] or sorted(NOTEBOOKS.glob("[0-9]*.ipynb"))
+    missing = [str(nb) for nb in notebooks if not nb.exists()]
+    if missing:
+        parser.error(f"no such notebook: {', '.join(missing)}")
+    started, status = time.time(), 0
     for nb in notebooks:
-        print(f"== {nb} (preset {args.preset})", flush=True)
+        left = None if args.max_seconds is None else args.max_seconds - (time.time() - started)
+        if left is not None and left <= 30:
+            print(f"{nb.name}: not started, this command's time is spent; run it again with --resume", flush=True)
+            status = EXIT_PENDING
+            continue
+        t0 = time.time()
         try:
-            execute(nb, args.preset, args.out)
-        except Exception as error:  # report and go on to the next chapter
-            print(f"   FAILED: {type(error).__name__}: {str(error)[:2000]}", flush=True)
-            failed.append(str(nb))
-    if failed:
-        print("failed:", *failed, sep="\n  ")
-    return 1 if failed else 0
+            target, resolved = run_chapter(nb, args.preset, args.out, resume=args.resume, seconds=left)
+        except ChapterPending as pending:
+            print(f"{nb.name}: parts stored, more to measure ({pending}); run the same command again", flush=True)
+            status = EXIT_PENDING
+            continue
+        except ChapterFailed as failed:
+            print(f"{nb.name}: FAILED after {time.time() - t0:.0f} s: {str(failed)[:2000]}; "
+                  "the committed notebook is unchanged", flush=True)
+            status = 1
+            continue
+        where = "in place" if target.parent == nb.resolve().parent else f"to {target}"
+        note = "" if where == "in place" else " (only a full run replaces the committed chapter)"
+        print(f"{nb.name}: {resolved} run done in {time.time() - t0:.0f} s, written {where}{note}", flush=True)
+    return status
 
 
 if __name__ == "__main__":

@@ -45,6 +45,73 @@ def time_fn(fn, *, min_run_time=1.0, warmup=3, blocks=20, min_blocks=5):
     return Timing(median_ms=p50, p10_ms=p10, p90_ms=p90, runs=calls_per_block * blocks)
 
 
+def _block_ms(timer, calls):
+    """Mean milliseconds per call over one timed block of `calls` calls."""
+    return timer.timeit(calls).mean * 1e3
+
+
+def quantiles(values, qs=(0.1, 0.5, 0.9)):
+    """The given quantiles of a list of numbers (chapter 1)."""
+    t = torch.tensor(values, dtype=torch.float64)
+    return torch.quantile(t, torch.tensor(qs, dtype=torch.float64)).tolist()
+
+
+@dataclass
+class Interleaved:
+    """Per-round milliseconds of each function timed in alternating rounds, and their ratios (chapter 1)."""
+    ms: dict
+    rounds: int
+
+    def median_ms(self, name):
+        """Median over the rounds of one function's per-call time (chapter 1)."""
+        return quantiles(self.ms[name], (0.5,))[0]
+
+    def ratios(self, slower, faster):
+        """Per-round ratios slower/faster: how many times faster `faster` was in each round (chapter 1)."""
+        return [a / b for a, b in zip(self.ms[slower], self.ms[faster])]
+
+
+def time_interleaved(fns, *, rounds=7, min_run_time=1.0, warmup=3):
+    """Time several functions in alternating rounds (A B A B ...), so drift hits each alike (chapter 1).
+
+    Each round times every function for a block of about min_run_time / rounds seconds. A speedup
+    is then the median of the per-round ratios, and its spread is the spread of those ratios: a
+    host that is busier in one minute than the next moves both sides of a round together.
+    """
+    timers, calls = {}, {}
+    for name, fn in fns.items():
+        for _ in range(warmup):
+            fn()
+        timers[name] = Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
+        one_call_s = max(timers[name].timeit(1).mean, 1e-9)
+        calls[name] = max(1, int(min_run_time / rounds / one_call_s))
+    ms = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name in fns:
+            ms[name].append(_block_ms(timers[name], calls[name]))
+    return Interleaved(ms=ms, rounds=rounds)
+
+
+def gpu_time_ms(fn, calls=5):
+    """The GPU's own time per call of fn(): summed kernel (and copy) time from the profiler; None on a CPU (chapter 1).
+
+    For a step bound by the host, this is what the step would take if launching were free: the
+    floor that wall-clock time approaches as host overhead goes.
+    """
+    if not torch.cuda.is_available():
+        return None
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    sync()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        sync()
+    total_us = sum(getattr(e, "self_device_time_total", 0.0) for e in prof.key_averages())
+    return total_us / calls / 1e3 if total_us > 0 else None
+
+
 def time_first_call(fn):
     """Seconds taken by one call of fn(), GPU work included: for a compiled fn, its compile time (chapter 1)."""
     sync()

@@ -3,7 +3,7 @@ import ipywidgets as w
 import matplotlib.pyplot as plt
 from IPython.display import display
 
-from .compare import compare
+from .compare import compare, describe
 from .plots import grouped_bars
 
 MODES = ["default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune"]
@@ -78,5 +78,5 @@ def add_and_show(rows, new, title):
     plt.show()
     for r in new:
         detail = (f"{r['median_ms']:.3f} ms, compile {r['compile_s']:.1f} s, speedup {r['speedup']:.2f}x"
-                  if r["status"] == "ok" else r["status"])
+                  if r["status"] == "ok" else describe(r))
         print(f"{r['workload']:>20} {r['variant']:<32} {detail}")

@@ -1,0 +1,222 @@
+"""A chapter's measurements in named parts, stored as each finishes, so a long run can resume (chapter 1).
+
+A notebook measures through `Run.part(name, measure)`. Run top to bottom by a reader, a part is
+simply measured. Run by `python -m utils.run_book --resume`, each part is stored in
+results/<gpu>/parts/<chapter>.json as soon as it finishes and reused by later commands while its
+key holds: the same chapter, part, preset sizes, GPU, torch, and the same code (the measuring
+function, what it calls in the notebook, and the library's timing code). A part that would not
+finish before the command's deadline is not started: the notebook stops with PartsPending and the
+runner carries on in its next command. A part cut off mid-way is never stored.
+"""
+import datetime
+import hashlib
+import html
+import inspect
+import json
+import os
+import time
+import types
+from pathlib import Path
+
+import torch
+
+from .env import REPO_ROOT, gpu_name, gpu_slug, git_commit, provenance
+
+RESUME_ENV = "BOOK_RESUME"  # "1": reuse stored parts and store new ones
+DEADLINE_ENV = "BOOK_DEADLINE"  # epoch seconds after which no part may still be running
+WINDOW_ENV = "BOOK_WINDOW_S"  # seconds one command of the runner has in all
+MEASURING_CODE = ("compare.py", "timing.py", "compiler.py", "runs.py")  # a change here re-measures every part
+
+
+class PartsPending(Exception):
+    """A part does not fit in what is left of this command: the runner measures it in its next one (chapter 1)."""
+
+
+def parts_path(chapter, gpu=None, root=None):
+    """Where a chapter's stored parts live: results/<gpu-slug>/parts/<chapter>.json (chapter 1)."""
+    return Path(root or REPO_ROOT / "results") / gpu_slug(gpu) / "parts" / f"{chapter}.json"
+
+
+def _code_text(code):
+    """A stable text for a code object: its bytecode, names and constants (nested code objects alike)."""
+    consts = [_code_text(c) if isinstance(c, types.CodeType) else repr(c) for c in code.co_consts]
+    return repr((code.co_code, code.co_names, consts))
+
+
+def _source(obj):
+    """The source text of a function or class, or its bytecode where no source is kept."""
+    try:
+        return inspect.getsource(obj)
+    except (OSError, TypeError):
+        code = getattr(obj, "__code__", None)
+        return _code_text(code) if code else getattr(obj, "__qualname__", type(obj).__name__)
+
+
+def _value_text(value):
+    """A stable text for data a measuring function reads (sizes, configurations), or None to leave it out."""
+    if isinstance(value, (bool, int, float, str, type(None), torch.dtype, torch.device)):
+        return repr(value)
+    if isinstance(value, (list, tuple, dict)):
+        try:
+            return json.dumps(value, sort_keys=True, default=repr)
+        except (TypeError, ValueError):
+            return None
+    if isinstance(value, torch.Tensor):
+        return f"tensor{tuple(value.shape)}:{value.dtype}"
+    return None
+
+
+def code_text(fn, depth=3, seen=None):
+    """The code a part's measurement depends on: fn's source, and what it reads from the notebook and utils (chapter 1)."""
+    seen = set() if seen is None else seen
+    if id(fn) in seen or depth < 0:
+        return ""
+    seen.add(id(fn))
+    texts = [_source(fn)]
+    try:
+        names = inspect.getclosurevars(fn)
+    except (TypeError, ValueError):
+        return texts[0]
+    referenced = {**names.globals, **names.nonlocals}
+    for name in sorted(referenced):
+        value = referenced[name]
+        if isinstance(value, types.ModuleType):
+            if value.__name__.split(".")[0] == "utils":  # attributes it uses of the book's library
+                for attr in sorted(names.unbound):
+                    member = getattr(value, attr, None)
+                    if inspect.isfunction(member) or inspect.isclass(member):
+                        texts.append(code_text(member, depth - 1, seen))
+        elif inspect.isfunction(value) or inspect.isclass(value):
+            if (getattr(value, "__module__", "") or "").split(".")[0] in ("utils", "__main__", "__mp_main__"):
+                texts.append(code_text(value, depth - 1, seen))
+        elif getattr(fn, "__module__", None) in ("__main__", "__mp_main__"):  # data the notebook defines
+            text = _value_text(value)
+            if text is not None:
+                texts.append(f"{name} = {text}")
+    return "\n".join(texts)
+
+
+def measuring_code():
+    """The library's timing and comparison code, part of every part's key (chapter 1)."""
+    here = Path(__file__).resolve().parent
+    return "\n".join((here / name).read_text() for name in MEASURING_CODE)
+
+
+def part_key(chapter, name, preset, sizes, measure):
+    """A hash of all that decides a part's result: chapter, part, preset and sizes, GPU, torch, code (chapter 1)."""
+    what = json.dumps({"chapter": chapter, "part": name, "preset": preset, "sizes": sizes, "gpu": gpu_name(),
+                       "torch": torch.__version__}, sort_keys=True, default=repr)
+    return hashlib.sha256((what + code_text(measure) + measuring_code()).encode()).hexdigest()[:16]
+
+
+def as_json(value, name):
+    """The value as JSON would give it back, so a stored part and a measured one look alike (chapter 1)."""
+    try:
+        return json.loads(json.dumps(value, allow_nan=False))
+    except ValueError:  # NaN or infinity: stored as null
+        return json.loads(json.dumps(value, default=repr).replace("NaN", "null").replace("Infinity", "null"))
+    except TypeError as error:
+        raise TypeError(f"part {name!r} returned something that is not JSON data (rows of numbers and text): "
+                        f"{error}") from None
+
+
+class Run:
+    """One chapter's run: measures or reuses its parts, and says how each was made (chapter 1)."""
+
+    def __init__(self, chapter, preset, sizes, root=None):
+        self.chapter, self.preset, self.sizes = chapter, preset, sizes
+        self.resume = os.environ.get(RESUME_ENV) == "1"
+        self.deadline = float(os.environ[DEADLINE_ENV]) if os.environ.get(DEADLINE_ENV) else None
+        self.window_s = float(os.environ.get(WINDOW_ENV) or 0) or None
+        self.path = parts_path(chapter, root=root)
+        self.log = []  # one entry per part: name, how (measured or reused), seconds, commit, date
+        self.started = time.perf_counter()
+
+    def stored(self):
+        """The parts stored for this chapter and GPU: {name: entry} (chapter 1)."""
+        if not self.path.exists():
+            return {}
+        return json.loads(self.path.read_text()).get("parts", {})
+
+    def _store(self, name, entry):
+        """Write one part's entry at once (a later crash keeps it), atomically."""
+        parts = self.stored()
+        parts[name] = entry
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"chapter": self.chapter, "gpu": gpu_name(), "parts": parts}, indent=1) + "\n")
+        tmp.replace(self.path)
+
+    def _check_time(self, name, entry, key):
+        """Raise PartsPending when the part's expected seconds (its last measurement's) do not fit before the deadline."""
+        if self.deadline is None:
+            return
+        left = self.deadline - time.time()
+        expected = (entry or {}).get("seconds") or 0.0
+        cut_off = (entry or {}).get("key") == key and "attempt_started" in (entry or {})
+        if cut_off and self.window_s:  # this very code was cut off before: it needs a whole command
+            expected = max(expected, 0.9 * self.window_s)
+        if expected > left:
+            raise PartsPending(f"part {name!r} of {self.chapter} needs about {expected:.0f} s and "
+                               f"{max(left, 0):.0f} s are left in this command: the runner measures it next")
+
+    def part(self, name, measure):
+        """measure()'s result for this part: reused when stored with the same key, else measured (and stored) (chapter 1)."""
+        key = part_key(self.chapter, name, self.preset, self.sizes, measure)
+        entry = self.stored().get(name) if self.resume else None
+        if entry and entry.get("key") == key and "result" in entry:
+            self.log.append({"part": name, "how": "reused", **{k: entry.get(k) for k in ("seconds", "commit", "date")}})
+            return entry["result"]
+        self._check_time(name, entry, key)
+        if self.resume:
+            self._store(name, {"key": key, "attempt_started": time.time(),
+                               "seconds": (entry or {}).get("seconds", 0.0)})
+        started = time.perf_counter()
+        result = as_json(measure(), name)
+        seconds = time.perf_counter() - started
+        commit, date = git_commit(), datetime.date.today().isoformat()
+        if self.resume:
+            self._store(name, {"key": key, "seconds": seconds, "commit": commit, "date": date,
+                               "torch": torch.__version__, "result": result})
+        self.log.append({"part": name, "how": "measured", "seconds": seconds, "commit": commit, "date": date})
+        return result
+
+    def minutes(self):
+        """How long the chapter takes top to bottom: this render's time plus what the reused parts took (chapter 1)."""
+        reused_s = sum(p.get("seconds") or 0.0 for p in self.log if p["how"] == "reused")
+        return (time.perf_counter() - self.started + reused_s) / 60
+
+    def provenance(self, **versions):
+        """This run's provenance, with each part's commit and date (chapter 1)."""
+        return {**provenance(self.preset), **versions, "parts": self.log}
+
+    def save(self, rows, **versions):
+        """Write results/<gpu>/<chapter>.json from a full run; other presets write nothing (chapter 1)."""
+        from .results import save_results
+
+        if self.preset != "full":
+            return None
+        return save_results(self.chapter, rows, self.provenance(**versions))
+
+    def about(self, why=None, **versions):
+        """The collapsed 'About this run' box: hardware, versions, preset, and how each part was made (chapter 1)."""
+        from IPython.display import HTML, display
+
+        prov = self.provenance(**versions)
+        facts = [(k, prov.get(k)) for k in ("gpu", "capability", "torch", "triton", "python", "date", "preset")]
+        facts += [(k, v) for k, v in versions.items()]
+        if why:
+            facts.append(("why this preset", why))
+        fact_rows = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>"
+                            for k, v in facts if v is not None)
+        part_rows = "".join(
+            f"<tr><td>{html.escape(p['part'])}</td><td>{p['how']}</td><td>{p.get('seconds') or 0:.0f}</td>"
+            f"<td>{html.escape(str(p.get('commit')))}</td><td>{html.escape(str(p.get('date')))}</td></tr>"
+            for p in self.log)
+        reused = sum(p["how"] == "reused" for p in self.log)
+        parts = ("" if not self.log else
+                 f"<p>{len(self.log)} measured parts; {reused} reused from an earlier command of the same run "
+                 "(same code, sizes, GPU and torch).</p><table><tr><th>part</th><th>how</th><th>seconds</th>"
+                 f"<th>commit</th><th>date</th></tr>{part_rows}</table>")
+        display(HTML(f'<details class="about-run"><summary>About this run</summary>'
+                     f"<table>{fact_rows}</table>{parts}</details>"))
