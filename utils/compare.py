@@ -164,7 +164,8 @@ def measure_against(eager_model, make_model, inputs, config, *, run=forward, min
     ratios = timed.ratios("eager", "compiled")
     compiled_ms = sorted(timed.ms["compiled"])
     result = {"median_ms": statistics.median(compiled_ms), "p10_ms": compiled_ms[0], "p90_ms": compiled_ms[-1],
-              "eager_ms": timed.median_ms("eager"), "gpu_ms": gpu_time_ms(lambda: run(model, inputs)),
+              "eager_ms": timed.median_ms("eager"),
+              "gpu_ms": gpu_time_ms(lambda: run(model, inputs), replay=config.get("mode") in CUDA_GRAPH_MODES),
               "compile_s": compile_s, "peak_mem_gb": memory_added_gb(baseline),
               "speedup": statistics.median(ratios), "speedup_lo": min(ratios), "speedup_hi": max(ratios),
               "rounds": rounds}

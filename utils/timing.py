@@ -92,24 +92,47 @@ def time_interleaved(fns, *, rounds=7, min_run_time=1.0, warmup=3):
     return Interleaved(ms=ms, rounds=rounds)
 
 
-def gpu_time_ms(fn, calls=5):
-    """The GPU's own time per call of fn(): summed kernel (and copy) time from the profiler; None on a CPU (chapter 1).
+def _event_ms(fn, calls):
+    """Milliseconds per call of fn() between two CUDA events, calls back to back."""
+    fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(calls):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / calls
 
-    For a step bound by the host, this is what the step would take if launching were free: the
-    floor that wall-clock time approaches as host overhead goes.
+
+def gpu_time_ms(fn, calls=20, replay=False):
+    """The GPU's own time per call of fn(), from a CUDA-graph replay of it; None on a CPU or if it cannot be captured (chapter 1).
+
+    Captured into a CUDA graph, the step's kernels run back to back with no host in between:
+    what the step would take if launching were free, the floor that wall-clock time approaches
+    as host overhead goes. With `replay=True` fn already replays a CUDA graph (reduce-overhead)
+    and is timed as it is. (The profiler would give kernel times too, but it slows every later
+    kernel launch in the process, which would bias the timings that follow.)
     """
     if not torch.cuda.is_available():
         return None
-    from torch.profiler import ProfilerActivity, profile
-
-    fn()
-    sync()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
+    if replay:
+        return _event_ms(fn, calls)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up on a side stream, as capture wants
             fn()
-        sync()
-    total_us = sum(getattr(e, "self_device_time_total", 0.0) for e in prof.key_averages())
-    return total_us / calls / 1e3 if total_us > 0 else None
+        torch.cuda.current_stream().wait_stream(side)
+        with torch.cuda.graph(graph):
+            fn()
+    except Exception:  # a step that syncs with the host, or a CPU scalar: no graph, no floor
+        torch.cuda.synchronize()
+        return None
+    ms = _event_ms(graph.replay, calls)
+    del graph
+    return ms
 
 
 def time_first_call(fn):
