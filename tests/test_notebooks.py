@@ -9,6 +9,7 @@ from conftest import REPO
 
 NOTEBOOKS = sorted((REPO / "notebooks").glob("[0-9]*.ipynb"))
 IDS = [nb.stem for nb in NOTEBOOKS]
+ALL_NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))  # drafts too
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 # the provenance printout, e.g. "       gpu: NVIDIA H200" or "'gpu': 'NVIDIA H200'"
 GPU_LINE = re.compile(r"""\bgpu['"]?\s*:\s*['"]?NVIDIA\b""", re.IGNORECASE)
@@ -118,11 +119,15 @@ def test_runs_in_smoke_preset_on_cpu(notebook, tmp_path, monkeypatch):
     nb = load(executed)
     assert not unexecuted(nb), f"code cells that did not run: {unexecuted(nb)}"
     assert not errors(nb), f"error outputs: {errors(nb)}"
-    params = [c for c in code_cells(nb) if "injected-parameters" in c["metadata"].get("tags", [])]
-    assert params and 'PRESET = "smoke"' in "".join(params[0]["source"]), "PRESET was not injected"
+    injected = [c for c in code_cells(nb) if "injected-parameters" in c["metadata"].get("tags", [])]
+    assert not injected, "the executed copy keeps papermill's injected parameters cell"
+    params = [c for c in code_cells(nb) if "parameters" in c["metadata"].get("tags", [])]
+    assert params and re.search(r'^PRESET = "auto"', "".join(params[0]["source"]), re.M), \
+        "the parameters cell no longer says PRESET = \"auto\""
     used, glued = glue_used(nb), glue_stored(nb)
     assert not used - glued, f"the prose uses values the run never glued: {sorted(used - glued)}"
     text = "".join(output_text(o) for c in code_cells(nb) for o in c.get("outputs", []))
+    assert re.search(r"\bpreset smoke\b", text), "the run did not print 'preset smoke': PRESET did not reach it"
     for pattern in SMOKE_PRINTS.get(notebook.stem, []):
         assert re.search(pattern, text), f"the smoke run did not print {pattern!r}"
 
@@ -151,6 +156,15 @@ def test_has_a_parameters_cell(notebook):
     tagged = [c for c in code_cells(load(notebook)) if "parameters" in c["metadata"].get("tags", [])]
     assert len(tagged) == 1, f"{len(tagged)} code cells tagged 'parameters' (papermill needs exactly one)"
     assert re.search(r"^PRESET\s*=", "".join(tagged[0]["source"]), re.M), "the parameters cell sets no PRESET"
+
+
+@pytest.mark.parametrize("notebook", ALL_NOTEBOOKS, ids=[nb.stem for nb in ALL_NOTEBOOKS])
+def test_no_injected_parameters_cell(notebook):
+    """Committed notebooks keep PRESET = "auto": papermill's injected cell would pin the preset of one run."""
+    injected = [i for i, c in enumerate(load(notebook)["cells"])
+                if "injected-parameters" in c.get("metadata", {}).get("tags", [])]
+    assert not injected, f"cells tagged injected-parameters (papermill's, from a run): {injected}; " \
+                         "re-run the chapter with python -m utils.run_book, which strips them"
 
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=IDS)
