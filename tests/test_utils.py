@@ -419,3 +419,158 @@ def test_deadline_refuses_a_thread_other_than_main():
     thread.start()
     thread.join()
     assert errors and "main thread" in errors[0]
+
+
+# --- alternating rounds and the speedup they give ------------------------------------------------
+
+def call_groups(order):
+    """The names of consecutive runs of calls: ['a', 'a', 'b', 'a'] -> ['a', 'b', 'a']."""
+    import itertools
+
+    return [name for name, _ in itertools.groupby(order)]
+
+
+@pytest.mark.parametrize("names", [("a", "b"), ("eager", "compiled", "other")])
+def test_time_interleaved_alternates_the_functions_round_by_round(names):
+    order = []
+    fns = {name: (lambda name=name: (order.append(name), time.sleep(0.001))) for name in names}
+    timed = utils.time_interleaved(fns, rounds=5, min_run_time=0.005, warmup=2)
+    # each function's warm-up and probe, then one block of each per round, in the same order
+    assert call_groups(order) == list(names) * (1 + 5)
+    assert timed.rounds == 5 and all(len(timed.ms[name]) == 5 for name in names)
+    assert all(0.9 < ms < 20 for name in names for ms in timed.ms[name])  # a 1 ms call, per call
+
+
+def test_time_interleaved_ratios_are_per_round():
+    fns = {"slow": lambda: time.sleep(0.004), "fast": lambda: time.sleep(0.002)}
+    timed = utils.time_interleaved(fns, rounds=5, min_run_time=0.05, warmup=1)
+    ratios = timed.ratios("slow", "fast")
+    assert ratios == [s / f for s, f in zip(timed.ms["slow"], timed.ms["fast"])]
+    assert 1.5 < sorted(ratios)[2] < 2.5
+    assert timed.median_ms("slow") == pytest.approx(sorted(timed.ms["slow"])[2])
+
+
+def fixed_rounds(monkeypatch, eager_ms, compiled_ms):
+    """Make compare's alternating rounds return these per-round times; returns the calls it got."""
+    import importlib
+
+    from utils.timing import Interleaved
+
+    calls = []
+
+    def fake(fns, *, rounds, min_run_time, **kwargs):
+        calls.append((sorted(fns), rounds))
+        return Interleaved(ms={"eager": list(eager_ms), "compiled": list(compiled_ms)}, rounds=rounds)
+
+    # utils.compare is the function: the module is utils.compare in sys.modules
+    monkeypatch.setattr(importlib.import_module("utils.compare"), "time_interleaved", fake)
+    return calls
+
+
+def test_compare_speedup_is_the_median_of_per_round_ratios(monkeypatch):
+    # per-round ratios 1, 2, 3, 4, 1: median 2; the ratio of the medians would be 3 / 1 = 3
+    calls = fixed_rounds(monkeypatch, eager_ms=[1, 2, 3, 4, 5], compiled_ms=[1, 1, 1, 1, 5])
+    eager, compiled = utils.compare(make_tiny, tiny_inputs(), [{"backend": "eager"}], workload="tiny",
+                                    device="cpu", min_run_time=0.05, rounds=5)
+    assert calls == [(["compiled", "eager"], 5)]
+    assert compiled["status"] == "ok"
+    assert compiled["speedup"] == 2.0
+    assert (compiled["speedup_lo"], compiled["speedup_hi"]) == (1.0, 4.0)
+    assert compiled["eager_ms"] == 3.0 and compiled["median_ms"] == 1.0  # both from the same rounds
+    assert compiled["rounds"] == 5
+    assert compiled["gpu_ms"] is None and compiled["peak_mem_gb"] is None  # no GPU here: none, not a guess
+    assert eager["speedup"] == 1.0 and eager["median_ms"] > 0  # eager's own row is timed on its own
+
+
+def test_compare_p10_and_p90_are_percentiles_of_the_rounds(monkeypatch):
+    # the eager row's p10_ms and p90_ms are the 10th and 90th percentiles of its timed blocks; a
+    # compiled row's must be the same statistic of its rounds, not their minimum and maximum
+    fixed_rounds(monkeypatch, eager_ms=[2] * 5, compiled_ms=[1, 1, 1, 1, 5])
+    compiled = utils.compare(make_tiny, tiny_inputs(), [{"backend": "eager"}], workload="tiny", device="cpu",
+                             min_run_time=0.05, rounds=5)[1]
+    p10, p90 = utils.timing.quantiles([1, 1, 1, 1, 5], (0.1, 0.9))
+    assert (compiled["p10_ms"], compiled["p90_ms"]) == (pytest.approx(p10), pytest.approx(p90))
+
+
+# --- tables --------------------------------------------------------------------------------------
+
+TABLE_ROWS = [
+    {"workload": "batch 1", "variant": "eager", "median_ms": 2.0, "speedup": 1.0, "speedup_lo": 1.0,
+     "speedup_hi": 1.0, "compile_s": 0.0, "status": "ok"},
+    {"workload": "batch 1", "variant": "default", "median_ms": 1.25, "speedup": 1.6, "speedup_lo": 1.42,
+     "speedup_hi": 1.75, "compile_s": 12.5, "gpu_ms": None, "status": "ok"},
+    {"workload": "batch 1", "variant": "reduce-overhead", "status": "failed", "reason": "out of GPU memory <8 GB>"},
+    {"workload": "batch 1", "variant": "max-autotune", "status": "skipped", "reason": "needs a GPU"},
+]
+
+
+def parsed_table(table):
+    """The table's HTML as an element tree (it must be well-formed), and its body rows."""
+    import xml.etree.ElementTree as ET
+
+    root = ET.fromstring(table._repr_html_())
+    assert root.tag == "table"
+    return root, root.findall("./tbody/tr")
+
+
+def test_table_renders_html_with_a_row_per_measurement():
+    from utils.tables import COLUMNS, Table
+
+    root, rows = parsed_table(Table(TABLE_ROWS, COLUMNS))
+    headers = [th.text for th in root.findall("./thead/tr/th")]
+    assert headers[:4] == ["workload", "variant", "median ms", "speedup"] and len(headers) == len(COLUMNS)
+    assert len(rows) == 4
+    default = [td.text for td in rows[1]]
+    assert default[:4] == ["batch 1", "default", "1.25", "1.60x (1.42-1.75)"]  # the speedup with its range
+    assert default[COLUMNS.index("gpu_ms")] == "-"  # not measured: a dash, not 0
+    assert [td.text for td in rows[0]][3] == "1.00x"  # no range where there is no spread
+
+
+def test_table_failed_row_spans_the_columns_with_its_reason():
+    from utils.tables import COLUMNS, Table
+
+    _, rows = parsed_table(Table(TABLE_ROWS, COLUMNS))
+    for row, text in [(rows[2], "failed: out of GPU memory <8 GB>"), (rows[3], "skipped: needs a GPU")]:
+        cells = list(row)
+        assert [c.text for c in cells] == ["batch 1", row[1].text, text]  # escaped in the HTML, read back whole
+        assert sum(int(c.get("colspan", 1)) for c in cells) == len(COLUMNS)
+    assert 'colspan="8">failed: out of GPU memory &lt;8 GB&gt;</td>' in Table(TABLE_ROWS, COLUMNS)._repr_html_()
+
+
+def test_table_as_text_lines_up_and_says_why():
+    from utils.tables import Table
+
+    lines = repr(Table(TABLE_ROWS, ("workload", "variant", "median_ms", "speedup"))).splitlines()
+    assert len(lines) == 5
+    assert lines[2].split() == ["batch", "1", "default", "1.25", "1.60x", "(1.42-1.75)"]
+    assert lines[0].index("speedup") + len("speedup") == len(lines[2])  # right-aligned under its header
+    assert lines[3].endswith("reduce-overhead  failed: out of GPU memory <8 GB>")
+
+
+def test_show_table_displays_a_table(monkeypatch):
+    import IPython.display
+
+    from utils.tables import Table
+
+    shown = []
+    monkeypatch.setattr(IPython.display, "display", shown.append)
+    utils.show_table(TABLE_ROWS)
+    assert len(shown) == 1 and isinstance(shown[0], Table) and "<table" in shown[0]._repr_html_()
+
+
+# --- importing the library -------------------------------------------------------------------------
+
+def test_import_utils_loads_neither_ipython_nor_ipywidgets():
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    code = ("import sys, utils\n"
+            "loaded = lambda: sorted({m.split('.')[0] for m in sys.modules} & {'IPython', 'ipywidgets'})\n"
+            "print(loaded())\n"
+            "utils.show_table, utils.compile_panel\n"  # the lazy names do load them
+            "print(loaded())\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.splitlines()[-2:] == ["[]", "['IPython', 'ipywidgets']"]
