@@ -1,6 +1,7 @@
 # Two commands, each setting up what it needs first (idempotent, fast once set up):
 #   make book   build the static site into _build/html
 #   make test   run the test suite (library, notebook smoke runs on CPU, site build, browser)
+#   make test-fast   the same without the tests marked slow (notebook smoke runs, site build, browser)
 SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
 .DEFAULT_GOAL := book
@@ -33,13 +34,17 @@ MATHJAX_TGZ := mathjax-3.2.2.tgz
 MATHJAX_URL := https://registry.npmjs.org/mathjax/-/mathjax-3.2.2.tgz
 MATHJAX_SHA256 := 1b9c0a1c44df864e915690558e72adb9cc5203360daefd385084ced3b6c64c09
 
-.PHONY: book test setup browser clean
+.PHONY: book test test-fast setup browser clean
 
 book: setup
 	$(VENV)/bin/jupyter-book build . $(JB_FLAGS)
 
 test: setup browser
 	$(PY) -m pytest -q tests
+
+# Library and runner tests, in minutes: no notebook smoke run, site build or browser (tests/pytest.ini: slow).
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow" tests
 
 setup: $(STAMP) $(VENDOR)/.stamp
 

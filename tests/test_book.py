@@ -1,6 +1,8 @@
 """The static site: it builds with warnings as errors, has a page per chapter, loads no widget JS from a CDN."""
 import re
 
+import pytest
+
 from conftest import REPO, toc_chapters
 
 SCRIPT_SRC = re.compile(r"""<script\b[^>]*\bsrc=["']([^"']+)["']""", re.I)
@@ -17,12 +19,14 @@ def test_toc_chapters_are_the_notebooks():
     assert sorted(listed) == on_disk, f"notebooks not in _toc.yml: {sorted(set(on_disk) - set(listed))}"
 
 
+@pytest.mark.slow
 def test_build_passes_with_warnings_as_errors(built_site):
     """The fixture asserts exit 0 and no WARNING line; here, the pages it must have written."""
     for page in ("book/intro.html", "book/how-to-run.html", "index.html", "search.html"):
         assert (built_site / page).exists(), f"{page} was not built"
 
 
+@pytest.mark.slow
 def test_each_chapter_has_a_page(built_site, chapters):
     for chapter in chapters:
         page = built_site / f"{chapter}.html"
@@ -32,6 +36,7 @@ def test_each_chapter_has_a_page(built_site, chapters):
         assert "highlight-ipython3" in html or "cell_input" in html, f"{chapter}: no code cells rendered"
 
 
+@pytest.mark.slow
 def test_widget_js_is_vendored_not_fetched_from_a_cdn(built_site, chapters):
     for js in WIDGET_JS:
         path = built_site / js
@@ -45,6 +50,7 @@ def test_widget_js_is_vendored_not_fetched_from_a_cdn(built_site, chapters):
             assert any(s.split("?")[0].endswith(js) for s in sources), f"{chapter} does not load {js}"
 
 
+@pytest.mark.slow
 def test_gpu_cpu_note_is_included(built_site):
     for page in ("book/intro.html", "book/how-to-run.html"):
         html = (built_site / page).read_text()

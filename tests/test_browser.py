@@ -10,6 +10,8 @@ from urllib.parse import urlparse
 
 import pytest
 
+pytestmark = pytest.mark.slow  # needs the built site
+
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
 WIDGET_WAIT_S = 20

@@ -109,6 +109,7 @@ def test_there_are_chapters():
 
 # (a) every chapter runs top to bottom on a CPU in the smoke preset ---------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=IDS)
 def test_runs_in_smoke_preset_on_cpu(notebook, tmp_path, monkeypatch):
     from utils.run_book import execute

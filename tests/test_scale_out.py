@@ -193,6 +193,7 @@ def test_a_run_past_its_timeout_is_stopped():
 
 # --- the draft chapter -----------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_draft_notebook_runs_in_smoke_preset_on_cpu(tmp_path, monkeypatch):
     from test_notebooks import errors, glue_stored, glue_used, load, unexecuted
     from utils.run_book import execute
