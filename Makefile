@@ -2,6 +2,8 @@
 #   make book   build the static site into _build/html
 #   make test   run the test suite (library, notebook smoke runs on CPU, site build, browser)
 #   make test-fast   the same without the tests marked slow (notebook smoke runs, site build, browser)
+# and for workshops:
+#   make student   the same site without the exercises' solutions, into _build/student/html
 SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
 .DEFAULT_GOAL := book
@@ -34,10 +36,25 @@ MATHJAX_TGZ := mathjax-3.2.2.tgz
 MATHJAX_URL := https://registry.npmjs.org/mathjax/-/mathjax-3.2.2.tgz
 MATHJAX_SHA256 := 1b9c0a1c44df864e915690558e72adb9cc5203360daefd385084ced3b6c64c09
 
-.PHONY: book test test-fast setup browser clean
+.PHONY: book student test test-fast setup browser clean
 
 book: setup
 	$(VENV)/bin/jupyter-book build . $(JB_FLAGS)
+
+# The student edition: sphinx-exercise's hide_solutions = True on top of _config.yml. jupyter-book
+# 1.x has no command-line override for one Sphinx setting (`build --config` replaces _config.yml
+# whole, and `--path-output` writes to <path>/_build/html), so this calls the function its `build`
+# command calls, with the same flags as `make book` (--all -W -n --keep-going) and one more
+# override. Its doctrees go to _build/student/.doctrees, apart from the main site's.
+STUDENT_HTML := _build/student/html
+student: setup
+	$(PY) -c 'import sys; from pathlib import Path; from jupyter_book.sphinx import build_sphinx; \
+	src = Path.cwd(); \
+	sys.exit(build_sphinx(src, src / "$(STUDENT_HTML)", noconfig=True, path_config=src / "_config.yml", \
+	    confoverrides={"external_toc_path": (src / "_toc.yml").as_posix(), "latex_individualpages": False, \
+	                   "nitpicky": True, "hide_solutions": True}, \
+	    freshenv=True, warningiserror=True, keep_going=True))'
+	@echo "student edition (no solutions): $(STUDENT_HTML)/index.html"
 
 test: setup browser
 	$(PY) -m pytest -q tests
