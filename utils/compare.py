@@ -8,7 +8,7 @@ import torch
 from torch._dynamo.utils import counters
 
 from .compiler import cudagraph_step_begin, free_compiled, is_oom  # noqa: F401 (cudagraph_step_begin re-exported)
-from .timing import OutOfTime, deadline, gpu_time_ms, time_first_call, time_fn, time_interleaved
+from .timing import OutOfTime, deadline, gpu_time_ms, quantiles, time_first_call, time_fn, time_interleaved
 
 CUDA_GRAPH_MODES = {"reduce-overhead", "max-autotune"}
 EAGER = {"compile": False}
@@ -162,8 +162,8 @@ def measure_against(eager_model, make_model, inputs, config, *, run=forward, min
     timed = time_interleaved({"eager": lambda: run(eager_model, inputs), "compiled": lambda: run(model, inputs)},
                              rounds=rounds, min_run_time=min_run_time)
     ratios = timed.ratios("eager", "compiled")
-    compiled_ms = sorted(timed.ms["compiled"])
-    result = {"median_ms": statistics.median(compiled_ms), "p10_ms": compiled_ms[0], "p90_ms": compiled_ms[-1],
+    p10, median, p90 = quantiles(timed.ms["compiled"])
+    result = {"median_ms": median, "p10_ms": p10, "p90_ms": p90,
               "eager_ms": timed.median_ms("eager"),
               "gpu_ms": gpu_time_ms(lambda: run(model, inputs), replay=config.get("mode") in CUDA_GRAPH_MODES),
               "compile_s": compile_s, "peak_mem_gb": memory_added_gb(baseline),

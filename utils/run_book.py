@@ -103,7 +103,6 @@ def execute(notebook, preset="auto", out_dir=None, timeout=None, *, seconds=None
         run_env["BOOK_RESUME"] = "1"
         if seconds:
             run_env["BOOK_DEADLINE"] = str(time.time() + seconds)
-            run_env["BOOK_WINDOW_S"] = str(seconds)
     cmd = [sys.executable, "-m", "papermill", str(notebook), str(target), "-p", "PRESET", preset,
            "--cwd", str(notebook.parent), "-k", "python3", "--no-progress-bar", "--log-level", "WARNING"]
     if timeout:
@@ -152,7 +151,7 @@ def main(argv=None):
     parser.add_argument("--preset", default="auto", choices=PRESETS,
                         help="auto picks by the hardware found (default auto)")
     parser.add_argument("--out", help=f"folder for executed copies (default: in place for a successful full run, "
-                                      f"else {DEFAULT_OUT.relative_to(REPO_ROOT)})")
+                                      f"else {os.path.relpath(DEFAULT_OUT, REPO_ROOT)})")
     parser.add_argument("--resume", action="store_true",
                         help="store each measured part as it finishes and reuse stored ones")
     parser.add_argument("--max-seconds", type=float,

@@ -13,6 +13,7 @@ import hashlib
 import html
 import inspect
 import json
+import math
 import os
 import time
 import types
@@ -24,8 +25,7 @@ from .env import REPO_ROOT, gpu_name, gpu_slug, git_commit, provenance
 
 RESUME_ENV = "BOOK_RESUME"  # "1": reuse stored parts and store new ones
 DEADLINE_ENV = "BOOK_DEADLINE"  # epoch seconds after which no part may still be running
-WINDOW_ENV = "BOOK_WINDOW_S"  # seconds one command of the runner has in all
-MEASURING_CODE = ("compare.py", "timing.py", "compiler.py", "runs.py")  # a change here re-measures every part
+MEASURING_CODE = ("compare.py", "timing.py", "compiler.py")  # a change here re-measures every part
 
 
 class PartsPending(Exception):
@@ -66,6 +66,15 @@ def _value_text(value):
     return None
 
 
+def _names(code):
+    """Every global or attribute name a code object reads, nested functions, lambdas and comprehensions included."""
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _names(const)
+    return names
+
+
 def code_text(fn, depth=3, seen=None):
     """The code a part's measurement depends on: fn's source, and what it reads from the notebook and utils (chapter 1)."""
     seen = set() if seen is None else seen
@@ -73,23 +82,29 @@ def code_text(fn, depth=3, seen=None):
         return ""
     seen.add(id(fn))
     texts = [_source(fn)]
-    try:
-        names = inspect.getclosurevars(fn)
-    except (TypeError, ValueError):
+    code, fn_globals = getattr(fn, "__code__", None), getattr(fn, "__globals__", None)
+    if code is None or fn_globals is None:
         return texts[0]
-    referenced = {**names.globals, **names.nonlocals}
+    names = _names(code)
+    referenced = {n: fn_globals[n] for n in names if n in fn_globals}
+    for name, cell in zip(code.co_freevars, fn.__closure__ or ()):
+        try:
+            referenced[name] = cell.cell_contents
+        except ValueError:  # a cell not yet filled
+            pass
+    from_notebook = getattr(fn, "__module__", None) in ("__main__", "__mp_main__")
     for name in sorted(referenced):
         value = referenced[name]
         if isinstance(value, types.ModuleType):
             if value.__name__.split(".")[0] == "utils":  # attributes it uses of the book's library
-                for attr in sorted(names.unbound):
+                for attr in sorted(names):
                     member = getattr(value, attr, None)
                     if inspect.isfunction(member) or inspect.isclass(member):
                         texts.append(code_text(member, depth - 1, seen))
         elif inspect.isfunction(value) or inspect.isclass(value):
             if (getattr(value, "__module__", "") or "").split(".")[0] in ("utils", "__main__", "__mp_main__"):
                 texts.append(code_text(value, depth - 1, seen))
-        elif getattr(fn, "__module__", None) in ("__main__", "__mp_main__"):  # data the notebook defines
+        elif from_notebook:  # data the notebook defines: sizes, configurations
             text = _value_text(value)
             if text is not None:
                 texts.append(f"{name} = {text}")
@@ -109,13 +124,22 @@ def part_key(chapter, name, preset, sizes, measure):
     return hashlib.sha256((what + code_text(measure) + measuring_code()).encode()).hexdigest()[:16]
 
 
+def _finite(value):
+    """The value with NaN and infinities replaced by None, which JSON can hold."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
 def as_json(value, name):
-    """The value as JSON would give it back, so a stored part and a measured one look alike (chapter 1)."""
+    """The value as JSON would give it back (NaN and infinities as null), so stored and measured parts look alike (chapter 1)."""
     try:
-        return json.loads(json.dumps(value, allow_nan=False))
-    except ValueError:  # NaN or infinity: stored as null
-        return json.loads(json.dumps(value, default=repr).replace("NaN", "null").replace("Infinity", "null"))
-    except TypeError as error:
+        return json.loads(json.dumps(_finite(value), allow_nan=False))
+    except (TypeError, ValueError) as error:
         raise TypeError(f"part {name!r} returned something that is not JSON data (rows of numbers and text): "
                         f"{error}") from None
 
@@ -127,8 +151,7 @@ class Run:
         self.chapter, self.preset, self.sizes = chapter, preset, sizes
         self.resume = os.environ.get(RESUME_ENV) == "1"
         self.deadline = float(os.environ[DEADLINE_ENV]) if os.environ.get(DEADLINE_ENV) else None
-        self.window_s = float(os.environ.get(WINDOW_ENV) or 0) or None
-        self.path = parts_path(chapter, root=root)
+        self.root, self.path = root, parts_path(chapter, root=root)
         self.log = []  # one entry per part: name, how (measured or reused), seconds, commit, date
         self.started = time.perf_counter()
 
@@ -154,8 +177,10 @@ class Run:
         left = self.deadline - time.time()
         expected = (entry or {}).get("seconds") or 0.0
         cut_off = (entry or {}).get("key") == key and "attempt_started" in (entry or {})
-        if cut_off and self.window_s:  # this very code was cut off before: it needs a whole command
-            expected = max(expected, 0.9 * self.window_s)
+        measured_before = any(p["how"] == "measured" for p in self.log)
+        if cut_off and measured_before:  # this very code was cut off before: it gets a command's first turn
+            raise PartsPending(f"part {name!r} of {self.chapter} was cut off by the end of a command before: "
+                               "it is measured first in the next one")
         if expected > left:
             raise PartsPending(f"part {name!r} of {self.chapter} needs about {expected:.0f} s and "
                                f"{max(left, 0):.0f} s are left in this command: the runner measures it next")
@@ -196,7 +221,7 @@ class Run:
 
         if self.preset != "full":
             return None
-        return save_results(self.chapter, rows, self.provenance(**versions))
+        return save_results(self.chapter, rows, self.provenance(**versions), root=self.root)
 
     def about(self, why=None, **versions):
         """The collapsed 'About this run' box: hardware, versions, preset, and how each part was made (chapter 1)."""
