@@ -40,6 +40,27 @@ class BlockStack(nn.Module):
         return self.ln_f(x)
 
 
+class GPT(nn.Module):
+    """A GPT-style decoder: token and position embeddings, Blocks, final LayerNorm, tied LM head (chapter 2)."""
+
+    def __init__(self, vocab, seq_len, n_layers, d_model, n_heads):
+        super().__init__()
+        self.tok = nn.Embedding(vocab, d_model)
+        self.pos = nn.Embedding(seq_len, d_model)
+        self.blocks = nn.ModuleList(Block(d_model, n_heads) for _ in range(n_layers))
+        self.ln_f = nn.LayerNorm(d_model)
+        self.head = nn.Linear(d_model, vocab, bias=False)
+        self.head.weight = self.tok.weight  # tied, as in GPT-2
+        nn.init.normal_(self.tok.weight, std=0.02)  # GPT-2's scale: the first loss is near log(vocab)
+        nn.init.normal_(self.pos.weight, std=0.02)
+
+    def forward(self, tokens):
+        x = self.tok(tokens) + self.pos(torch.arange(tokens.shape[1], device=tokens.device))
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln_f(x))
+
+
 def block_stack(n_layers, d_model, n_heads, device, dtype):
     """A BlockStack in inference mode on device and dtype (chapter 1)."""
     return BlockStack(n_layers, d_model, n_heads).to(device=device, dtype=dtype).eval()

@@ -42,7 +42,8 @@ from pathlib import Path
 import torch
 
 from .env import REPO_ROOT, provenance
-from .training import GPT, loss_of, token_batch
+from .models import GPT
+from .training import loss_of, token_batch
 
 STRATEGIES = ("ddp", "fsdp2")
 COMPILE_MODES = ("none", "default", "compiled_autograd")

@@ -15,34 +15,13 @@ from torch import nn
 from .compare import compare, cudagraph_step_begin, recount_model_breaks  # noqa: F401 (re-exported for chapter 2)
 from .env import REPO_ROOT
 from .llm import gpu_kernels, time_by_category
-from .models import Block
+from .models import GPT  # also re-exported: utils.training.GPT
 from .results import load_results, results_path
 from .timing import sync, time_first_call, time_fn
 from .widgets import add_and_show
 
 
 # --- models ---------------------------------------------------------------------------------------
-
-class GPT(nn.Module):
-    """A GPT-style decoder: token and position embeddings, Blocks, final LayerNorm, tied LM head (chapter 2)."""
-
-    def __init__(self, vocab, seq_len, n_layers, d_model, n_heads):
-        super().__init__()
-        self.tok = nn.Embedding(vocab, d_model)
-        self.pos = nn.Embedding(seq_len, d_model)
-        self.blocks = nn.ModuleList(Block(d_model, n_heads) for _ in range(n_layers))
-        self.ln_f = nn.LayerNorm(d_model)
-        self.head = nn.Linear(d_model, vocab, bias=False)
-        self.head.weight = self.tok.weight  # tied, as in GPT-2
-        nn.init.normal_(self.tok.weight, std=0.02)  # GPT-2's scale: the first loss is near log(vocab)
-        nn.init.normal_(self.pos.weight, std=0.02)
-
-    def forward(self, tokens):
-        x = self.tok(tokens) + self.pos(torch.arange(tokens.shape[1], device=tokens.device))
-        for block in self.blocks:
-            x = block(x)
-        return self.head(self.ln_f(x))
-
 
 def make_gpt(vocab, seq_len, n_layers, d_model, n_heads, device, lr=3e-4, fused=None):
     """A GPT with fp32 weights on device and an AdamW optimizer at `model.optimizer` (chapter 2)."""
