@@ -14,7 +14,7 @@ from torch import nn
 
 from .compare import compare, cudagraph_step_begin, recount_model_breaks  # noqa: F401 (re-exported for chapter 2)
 from .env import REPO_ROOT
-from .llm import gpu_kernels, time_by_category
+from .kernels import gpu_kernels, time_by_category
 from .models import GPT  # also re-exported: utils.training.GPT
 from .results import load_results, results_path
 from .timing import sync, time_first_call, time_fn
