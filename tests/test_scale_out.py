@@ -1,6 +1,7 @@
-"""Chapter 8's script (utils/scale_out.py): DDP and FSDP2 under torchrun on the CPU (gloo), eager and compiled.
+"""Chapter 8's script: DDP and FSDP2 under torchrun on the CPU (gloo), eager and compiled.
 
-One torchrun run of 2 processes trains every configuration (module fixture); the tests read its rows.
+utils/scale_out.py launches torchrun; every process it starts runs utils/scale_out_worker.py. One
+torchrun run of 2 processes trains every configuration (module fixture); the tests read its rows.
 The inductor cache is the session's (tests/conftest.py sets TORCHINDUCTOR_CACHE_DIR; the torchrun
 subprocesses inherit it).
 """
@@ -167,13 +168,14 @@ def test_bucket_cap_below_ddp_optimizers_first_bucket():
     (["--compile", "none,fast"], "Unknown compile mode 'fast'"),
 ])
 def test_command_line_rejects_bad_input(args, message, tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "utils.scale_out", *args, "--out", str(tmp_path / "r.jsonl")],
+    proc = subprocess.run([sys.executable, "-m", "utils.scale_out_worker", *args, "--out", str(tmp_path / "r.jsonl")],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr[-2000:]
 
 
-def test_command_line_needs_torchrun(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "utils.scale_out", "--out", str(tmp_path / "r.jsonl")],
+@pytest.mark.parametrize("module", ["utils.scale_out_worker", "utils.scale_out"])  # the worker, or its old name
+def test_command_line_needs_torchrun(module, tmp_path):
+    proc = subprocess.run([sys.executable, "-m", module, "--out", str(tmp_path / "r.jsonl")],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0 and "runs under torchrun" in proc.stderr
 

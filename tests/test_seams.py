@@ -16,10 +16,10 @@ from conftest import REPO
 
 MODULES = sorted(p.stem for p in (REPO / "utils").glob("*.py") if p.stem != "__init__")
 CORE = ("compare", "timing", "runs", "env", "results", "models", "compiler", "kernels")
-CHAPTERS = ("llm", "training", "gnn", "diffusion", "scale_out")
+CHAPTERS = ("llm", "training", "gnn", "diffusion", "scale_out", "scale_out_worker")
 DISPLAY = ("IPython", "ipywidgets")
-# Chapter 8 trains chapter 2's GPT with chapter 2's loss and batches.
-CHAPTER_IMPORTS = {"scale_out": {"training"}}
+# Chapter 8's worker trains chapter 2's GPT with chapter 2's loss and batches; its notebook side re-exports the worker.
+CHAPTER_IMPORTS = {"scale_out": {"scale_out_worker", "training"}, "scale_out_worker": {"training"}}
 
 # One interpreter loads torch, Dynamo and pyplot (the library needs them all, and they are no seam), then
 # forks a fresh child per module, which imports it and prints what got loaded: {"name": ..., "loaded": [...]} or {"name": ..., "error": ...}.
