@@ -240,7 +240,7 @@ def test_gnn_panel_runs_a_measurement_on_click():
     matplotlib.use("Agg")
     graph = gnn.synthetic_graph(num_nodes=200, num_edges=1000, num_features=8)
     panel = gnn.gnn_panel(graph, "cpu", hiddens=(8,), num_layers=2, min_run_time=0.05)
-    buttons = [c for c in panel.children if getattr(c, "description", "") == "Run"]
+    buttons = [c for box in panel.children for c in getattr(box, "children", ()) if getattr(c, "description", "") == "Run"]
     assert len(buttons) == 1
     buttons[0].click()
     assert [r["variant"] for r in panel.rows] == ["eager", "default"]

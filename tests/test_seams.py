@@ -3,8 +3,9 @@
 A fresh process per module (forked from one that has loaded torch and pyplot alone) imports it and
 lists which `utils.*` modules, IPython and ipywidgets got loaded (`import utils.x` runs
 utils/__init__.py first, so its modules are always there). The core modules (measuring, results,
-models, kernel categories) load no chapter module and no notebook display library; a chapter module
-loads another chapter's module only where CHAPTER_IMPORTS says so.
+models, kernel categories) load no chapter module and not the panels; a chapter module loads another
+chapter's module only where CHAPTER_IMPORTS says so; and only the panels (utils.widgets) load IPython
+or ipywidgets when imported.
 """
 import json
 import subprocess
@@ -71,11 +72,10 @@ def test_every_module_is_listed(loaded):
 
 
 @pytest.mark.parametrize("name", CORE)
-def test_core_modules_load_no_chapter_and_no_display_library(loaded, name):
+def test_core_modules_load_no_chapter_and_no_panels(loaded, name):
     modules = loaded[name]
     assert not chapters_in(modules), f"utils.{name} loads chapter modules {sorted(chapters_in(modules))}"
     assert "utils.widgets" not in modules, f"utils.{name} loads the panels"
-    assert not set(DISPLAY) & set(modules), f"utils.{name} loads {sorted(set(DISPLAY) & set(modules))}"
 
 
 @pytest.mark.parametrize("name", CHAPTERS)
@@ -83,3 +83,9 @@ def test_chapter_modules_load_only_the_chapters_they_name(loaded, name):
     others = chapters_in(loaded[name]) - {name}
     assert others <= CHAPTER_IMPORTS.get(name, set()), \
         f"utils.{name} loads {sorted(others - CHAPTER_IMPORTS.get(name, set()))}: import it where it is used"
+
+
+@pytest.mark.parametrize("name", [m for m in MODULES if m != "widgets"])
+def test_only_the_panels_load_a_display_library_on_import(loaded, name):
+    """Panels, tables and glue load IPython and ipywidgets when used: a torchrun worker or a script never does."""
+    assert not set(DISPLAY) & set(loaded[name]), f"utils.{name} loads {sorted(set(DISPLAY) & set(loaded[name]))}"

@@ -216,10 +216,14 @@ def test_initial_loss_is_near_log_vocab():
 
 
 def test_training_panel_run_adds_a_measured_row(monkeypatch):
-    monkeypatch.setattr(training, "add_and_show", lambda rows, new, title: rows.extend(new))
+    from utils import widgets
+
+    monkeypatch.setattr(widgets, "add_and_show", lambda rows, new, title: rows.extend(new))
     panel = training.training_panel({"tiny": (tiny_gpt, tokens())}, device="cpu",
                                     modes=["default", "reduce-overhead"], min_run_time=0.05)
-    panel.children[0].children[2].click()  # the Run button
+    buttons = [c for box in panel.children for c in getattr(box, "children", ()) if getattr(c, "description", "") == "Run"]
+    assert len(buttons) == 1
+    buttons[0].click()
     assert [r["variant"] for r in panel.rows] == ["eager", "default"]
     assert all(r["status"] == "ok" and r["workload"] == "tiny" for r in panel.rows)
     assert panel.rows[1]["max_abs_err"] < 1e-3

@@ -315,38 +315,29 @@ def neighbor_batches(data, num_neighbors, batch_size, num_batches, seed=0):
 def gnn_panel(graph, device, hiddens=(16, 64, 256), num_layers=3, min_run_time=0.5):
     """Dropdowns for model, hidden size, dynamic and mode; Run compiles, times forward+backward and plots (chapter 4)."""
     import ipywidgets as w
-    from IPython.display import display
 
-    from .widgets import MODES, add_and_show
+    from .widgets import MODES, dynamic_dropdown, speedup_panel
 
-    model = w.Dropdown(options=list(MODELS), value="GraphSAGE", description="model")
-    hidden = w.Dropdown(options=list(hiddens), value=64 if 64 in hiddens else hiddens[0], description="hidden")
-    dynamic = w.Dropdown(options=[("None (default)", None), ("False", False), ("True", True)],
-                         index=0, description="dynamic")  # value=None would mean "nothing selected"
-    mode = w.Dropdown(options=MODES, value="default", description="mode")
-    run = w.Button(description="Run", button_style="primary")
-    out = w.Output()
-    rows = []
+    controls = {"model": w.Dropdown(options=list(MODELS), value="GraphSAGE", description="model"),
+                "hidden": w.Dropdown(options=list(hiddens), value=64 if 64 in hiddens else hiddens[0],
+                                     description="hidden"),
+                "dynamic": dynamic_dropdown(),
+                "mode": w.Dropdown(options=MODES, value="default", description="mode")}
     x, edge_index = graph.x.to(device), graph.edge_index.to(device)
 
-    def on_run(_):
-        kind, size = model.value, hidden.value
-        config = {"mode": mode.value, "dynamic": dynamic.value}
-        grad = torch.randn(x.size(0), size, device=device, generator=torch.Generator(device).manual_seed(0))
-        with out:
-            out.clear_output(wait=True)
-            print(f"compiling and timing {kind}, hidden {size}, {config} ...")
-            new = compare(lambda: make_gnn(kind, x.size(1), size, num_layers).to(device), (x, edge_index, grad),
-                          [config], workload=f"{kind} h{size}", device=device, run=run_forward_backward,
-                          min_run_time=min_run_time)
-            out.clear_output(wait=True)
-            add_and_show(rows, new, "forward+backward speedup over eager (your runs)")
+    def config(v):
+        return {"mode": v["mode"], "dynamic": v["dynamic"]}
 
-    run.on_click(on_run)
-    panel = w.VBox([w.HBox([model, hidden]), w.HBox([dynamic, mode]), run, out])
-    panel.rows = rows  # the measurements made so far, for reading back in code
-    display(panel)
-    return panel
+    def measure(v):
+        kind, size = v["model"], v["hidden"]
+        grad = torch.randn(x.size(0), size, device=device, generator=torch.Generator(device).manual_seed(0))
+        return compare(lambda: make_gnn(kind, x.size(1), size, num_layers).to(device), (x, edge_index, grad),
+                       [config(v)], workload=f"{kind} h{size}", device=device, run=run_forward_backward,
+                       min_run_time=min_run_time)
+
+    return speedup_panel(controls, measure, lambda v: f"compiling and timing {v['model']}, hidden {v['hidden']}, "
+                                                      f"{config(v)} ...",
+                         "forward+backward speedup over eager (your runs)")
 
 
 # --- mini-batches with changing shapes ------------------------------------------------------------

@@ -5,11 +5,9 @@ import json
 import tempfile
 from pathlib import Path
 
-import ipywidgets as w
 import matplotlib.pyplot as plt
 import torch
 import torch.nn.functional as F
-from IPython.display import display
 from torch import nn
 
 from .compare import compare, cudagraph_step_begin, recount_model_breaks  # noqa: F401 (re-exported for chapter 2)
@@ -18,7 +16,6 @@ from .kernels import gpu_kernels, time_by_category
 from .models import GPT  # also re-exported: utils.training.GPT
 from .results import load_results, results_path
 from .timing import sync, time_first_call, time_fn
-from .widgets import add_and_show
 
 
 # --- models ---------------------------------------------------------------------------------------
@@ -343,27 +340,20 @@ def compute_or_load(keys, measure, stored, fits):
 
 def training_panel(workloads, device, modes, min_run_time=0.5):
     """Dropdowns for mode and workload ({label: (make_model, inputs)}); Run compiles a fresh training step, times it, plots (chapter 2)."""
-    mode = w.Dropdown(options=modes, value=modes[0], description="mode")
-    size = w.Dropdown(options=list(workloads), description="model")
-    button = w.Button(description="Run", button_style="primary")
-    out = w.Output()
-    rows = []
+    import ipywidgets as w
 
-    def on_run(_):
-        with out:
-            out.clear_output(wait=True)
-            print(f"compiling and timing mode={mode.value} for {size.value} ...")
-            make_model, inputs = workloads[size.value]
-            new = compare(make_model, inputs, [{"mode": mode.value}], workload=size.value, device=device,
-                          run=train_step, min_run_time=min_run_time)
-            out.clear_output(wait=True)
-            add_and_show(rows, new, "training-step speedup over eager (your runs)")
+    from .widgets import speedup_panel
 
-    button.on_click(on_run)
-    panel = w.VBox([w.HBox([mode, size, button]), out])
-    panel.rows = rows
-    display(panel)
-    return panel
+    controls = {"mode": w.Dropdown(options=modes, value=modes[0], description="mode"),
+                "model": w.Dropdown(options=list(workloads), description="model")}
+
+    def measure(v):
+        make_model, inputs = workloads[v["model"]]
+        return compare(make_model, inputs, [{"mode": v["mode"]}], workload=v["model"], device=device,
+                       run=train_step, min_run_time=min_run_time)
+
+    return speedup_panel(controls, measure, lambda v: f"compiling and timing mode={v['mode']} for {v['model']} ...",
+                         "training-step speedup over eager (your runs)")
 
 
 def plot_loss_curves(curves, ax=None):

@@ -1,4 +1,8 @@
-"""The widget panel: pick compile settings, press Run, watch the measurement join a live plot."""
+"""The widget panels: pick settings, press Run, watch the measurement join a live plot.
+
+Every panel is a run_panel (controls, a Run button, an output); those that measure a speedup through
+compare() are speedup_panels, which keep their rows and plot them.
+"""
 import ipywidgets as w
 import matplotlib.pyplot as plt
 from IPython.display import display
@@ -13,38 +17,50 @@ BACKENDS = ["inductor", "aot_eager", "eager"]
 def compile_panel(make_model, make_inputs, sizes, device, workload="panel", min_run_time=0.5):
     """Dropdowns for mode, backend, fullgraph, dynamic and size; Run compiles, times and plots (chapter 1).
 
-    make_model() builds a fresh model; make_inputs(size) builds its inputs for one of `sizes`.
+    make_model() builds a fresh model; make_inputs(size) builds its inputs for one of `sizes` ({label: size}).
     """
-    mode = w.Dropdown(options=MODES, value="default", description="mode")
-    backend = w.Dropdown(options=BACKENDS, value="inductor", description="backend")
-    fullgraph = w.Checkbox(value=False, description="fullgraph")
-    dynamic = w.Dropdown(options=[("None (default)", None), ("False", False), ("True", True)],
-                         index=0, description="dynamic")  # value=None would mean "nothing selected"
-    size = w.Dropdown(options=list(sizes.items()), description="size")
-    run = w.Button(description="Run", button_style="primary")
-    out = w.Output()
+    controls = {"mode": w.Dropdown(options=MODES, value="default", description="mode"),
+                "backend": w.Dropdown(options=BACKENDS, value="inductor", description="backend"),
+                "dynamic": dynamic_dropdown(),
+                "size": w.Dropdown(options=list(sizes), description="size"),
+                "fullgraph": w.Checkbox(value=False, description="fullgraph")}
+
+    def config(v):
+        return {"mode": v["mode"], "backend": v["backend"], "fullgraph": v["fullgraph"], "dynamic": v["dynamic"]}
+
+    def measure(v):
+        return compare(make_model, make_inputs(sizes[v["size"]]), [config(v)], workload=f"{workload} {v['size']}",
+                       device=device, min_run_time=min_run_time)
+
+    return speedup_panel(controls, measure, lambda v: f"compiling and timing {config(v)} at {v['size']} ...",
+                         "speedup over eager (your runs)")
+
+
+def dynamic_dropdown():
+    """torch.compile's dynamic: None (the default), False or True (chapters 1, 4)."""
+    return w.Dropdown(options=[("None (default)", None), ("False", False), ("True", True)],
+                      index=0, description="dynamic")  # value=None would mean "nothing selected"
+
+
+def speedup_panel(controls, measure, describe, title):
+    """run_panel whose Run measures: measure(values) -> compare() rows, added to a live speedup plot (chapters 1, 2, 4).
+
+    The panel's `rows` holds the measurements made so far (eager once per workload), for reading back in code.
+    """
     rows = []
 
-    def on_run(_):
-        config = {"mode": mode.value, "backend": backend.value,
-                  "fullgraph": fullgraph.value, "dynamic": dynamic.value}
-        with out:
-            out.clear_output(wait=True)
-            print(f"compiling and timing {config} at {size.label} ...")
-            new = compare(make_model, make_inputs(size.value), [config], workload=f"{workload} {size.label}",
-                          device=device, min_run_time=min_run_time)
-            out.clear_output(wait=True)
-            add_and_show(rows, new, "speedup over eager (your runs)")
+    def work(values, out):
+        new = measure(values)
+        out.clear_output(wait=True)
+        add_and_show(rows, new, title)
 
-    run.on_click(on_run)
-    panel = w.VBox([w.HBox([mode, backend]), w.HBox([dynamic, size]), w.HBox([fullgraph, run]), out])
-    panel.rows = rows  # the measurements made so far, for reading back in code
-    display(panel)
+    panel = run_panel(controls, work, describe)
+    panel.rows = rows
     return panel
 
 
 def run_panel(controls, work, describe):
-    """Controls, a Run button and an output: Run prints describe(values), then calls work(values, out) there (chapters 3, 5, 8).
+    """Controls, a Run button and an output: Run prints describe(values), then calls work(values, out) there (every panel).
 
     A failure is printed, not raised, so the panel stays alive; controls are laid out two to a row.
     """
@@ -59,7 +75,7 @@ def run_panel(controls, work, describe):
             try:
                 work(values, out)
             except Exception as error:  # a failed run is a result: say why and keep the panel alive
-                print(f"failed: {type(error).__name__}: {str(error).splitlines()[0][:300]}")
+                print(f"failed: {type(error).__name__}: {(str(error).splitlines() or [''])[0][:300]}")
 
     button.on_click(on_run)
     items = [*controls.values(), button]
