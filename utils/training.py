@@ -309,7 +309,10 @@ def profile_train_steps(model, inputs, steps):
 # --- chapter 2c: results measured in this run, or loaded from an earlier one -------------------------
 
 def stored_rows(chapter, workload, gpu=None, root=None, preset="full", statuses=("ok",)):
-    """Chapter 2c: rows of `workload` with a status in `statuses` in this GPU's results file of a `preset` run, marked "loaded from ..."."""
+    """Chapter 2c: rows of `workload` with a status in `statuses` in this GPU's results file of a `preset` run, marked "loaded from ...".
+
+    (kept for chapter 2c/5 until it measures through utils.runs)
+    """
     path = results_path(chapter, gpu, root)
     if not path.exists():
         return []
@@ -324,7 +327,10 @@ def stored_rows(chapter, workload, gpu=None, root=None, preset="full", statuses=
 
 
 def compute_or_load(keys, measure, stored, fits):
-    """Chapter 2c: {key: (rows, how)}: measure(key) while fits(key), keys without stored rows first; else stored rows, else skipped."""
+    """Chapter 2c: {key: (rows, how)}: measure(key) while fits(key), keys without stored rows first; else stored rows, else skipped.
+
+    (kept for chapter 2c/5 until it measures through utils.runs)
+    """
     results = {}
     for key in sorted(keys, key=lambda k: bool(stored.get(k))):  # stable: the given order within each group
         if fits(key):
