@@ -17,9 +17,14 @@ _LAZY = {"show_table": "tables", "compile_panel": "widgets"}
 
 
 def __getattr__(name):
-    """Load the display helpers on first use, so `import utils` stays free of IPython and ipywidgets."""
-    if name in _LAZY:
-        import importlib
+    """Load the display helpers and chapter modules (utils.widgets, utils.llm, ...) on first use."""
+    import importlib
 
+    if name in _LAZY:
         return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    try:
+        return importlib.import_module(f".{name}", __name__)
+    except ModuleNotFoundError as error:
+        if error.name != f"{__name__}.{name}":  # the module exists but needs something missing: say that
+            raise
     raise AttributeError(f"module 'utils' has no attribute {name!r}")
