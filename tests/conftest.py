@@ -1,8 +1,11 @@
 """Shared set-up for the test suite: one inductor cache, the repository's layout, the built site."""
+import functools
+import http.server
 import os
 import re
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -83,3 +86,68 @@ def built_site():
     html = REPO / "_build" / "html"
     assert (html / "index.html").exists()
     return html
+
+
+# --- the built site in headless Chromium (tests/test_browser.py, tests/test_reference_pages.py) ---
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMEDRIVER = Path("/usr/bin/chromedriver")
+
+
+class QuietHandler(http.server.SimpleHTTPRequestHandler):
+    """Serves the site and records (status, path) of every request instead of logging it."""
+    requests = []
+
+    def log_request(self, code="-", size="-"):
+        self.requests.append((int(code) if str(code).isdigit() else code, self.path))
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="session")
+def site(built_site):
+    """The built site served on a free loopback port; its URL."""
+    QuietHandler.requests = []
+    handler = functools.partial(QuietHandler, directory=str(built_site))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture(scope="session")
+def browser(tmp_path_factory):
+    """Headless Chromium with its console and network logs kept; a failure in CI when it is missing."""
+    if not (CHROMIUM.exists() and CHROMEDRIVER.exists()):
+        message = "Debian's chromium and chromium-driver are not installed (`make test` installs them)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                "--no-first-run", "--window-size=1280,1024",
+                f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}"):
+        options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL", "performance": "ALL"})
+    driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
+    driver.set_page_load_timeout(60)
+    yield driver
+    driver.quit()
+
+
+def open_page(browser, url):
+    """Load a page, wait for it to finish, and drop log entries and requests left from earlier pages."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    browser.get_log("browser")
+    browser.get_log("performance")
+    QuietHandler.requests = []
+    browser.get(url)
+    WebDriverWait(browser, 30).until(lambda d: d.execute_script("return document.readyState") == "complete")

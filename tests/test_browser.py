@@ -1,19 +1,15 @@
 """The built site in a real browser (Debian's Chromium, headless): pages render, widgets show, nothing
 is fetched from outside, and the console stays clean."""
-import functools
-import http.server
 import json
 import os
-import threading
-from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
 
+from conftest import CHROMEDRIVER, CHROMIUM, QuietHandler, open_page  # noqa: F401 (the site and browser fixtures live there too)
+
 pytestmark = pytest.mark.slow  # needs the built site
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMEDRIVER = Path("/usr/bin/chromedriver")
 WIDGET_WAIT_S = 20
 
 if not (CHROMIUM.exists() and CHROMEDRIVER.exists()):
@@ -22,58 +18,8 @@ if not (CHROMIUM.exists() and CHROMEDRIVER.exists()):
         raise RuntimeError(message)
     pytest.skip(message, allow_module_level=True)
 
-from selenium import webdriver  # noqa: E402
-from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
-
-
-class QuietHandler(http.server.SimpleHTTPRequestHandler):
-    """Serves the site and records (status, path) of every request instead of logging it."""
-    requests = []
-
-    def log_request(self, code="-", size="-"):
-        self.requests.append((int(code) if str(code).isdigit() else code, self.path))
-
-    def log_message(self, *args):
-        pass
-
-
-@pytest.fixture(scope="module")
-def site(built_site):
-    QuietHandler.requests = []
-    handler = functools.partial(QuietHandler, directory=str(built_site))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
-
-
-@pytest.fixture(scope="module")
-def browser(tmp_path_factory):
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                "--no-first-run", "--window-size=1280,1024",
-                f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}"):
-        options.add_argument(arg)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL", "performance": "ALL"})
-    driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
-    driver.set_page_load_timeout(60)
-    yield driver
-    driver.quit()
-
-
-def open_page(browser, url):
-    """Load a page, wait for it to finish, and drop log entries left from earlier pages."""
-    browser.get_log("browser")
-    browser.get_log("performance")
-    QuietHandler.requests = []
-    browser.get(url)
-    WebDriverWait(browser, 30).until(lambda d: d.execute_script("return document.readyState") == "complete")
 
 
 def severe_console_entries(browser):

@@ -7,20 +7,15 @@ caught and printed (a TypeError among them), so the notebook runs clean top to b
 error output. The references page lists every URL the book's pages link to. The slow tests re-run
 the notebook, check the built pages' section links, and open both pages in headless Chromium.
 """
-import functools
 import html
-import http.server
 import json
-import os
 import re
-import threading
-from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
 import yaml
 
-from conftest import REPO
+from conftest import REPO, QuietHandler, open_page
 
 FACTS = REPO.parent / "shared" / "FACTS.md"
 CLAIMS_HEADING = "## Claims that circulate, with verdicts"
@@ -205,66 +200,12 @@ def test_built_pages_link_to_sections_that_exist(built_site):
         assert not broken, f"{page}: links to missing pages or sections: {broken}"
 
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMEDRIVER = Path("/usr/bin/chromedriver")
-
-
-class QuietHandler(http.server.SimpleHTTPRequestHandler):
-    """Serves the site and records (status, path) of every request instead of logging it."""
-    requests = []
-
-    def log_request(self, code="-", size="-"):
-        self.requests.append((int(code) if str(code).isdigit() else code, self.path))
-
-    def log_message(self, *args):
-        pass
-
-
-@pytest.fixture(scope="module")
-def site(built_site):
-    handler = functools.partial(QuietHandler, directory=str(built_site))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
-
-
-@pytest.fixture(scope="module")
-def browser(tmp_path_factory):
-    if not (CHROMIUM.exists() and CHROMEDRIVER.exists()):
-        message = "Debian's chromium and chromium-driver are not installed (`make test` installs them)"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                "--no-first-run", "--window-size=1280,1024",
-                f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}"):
-        options.add_argument(arg)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL", "performance": "ALL"})
-    driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
-    driver.set_page_load_timeout(60)
-    yield driver
-    driver.quit()
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("page", PAGES)
 def test_reference_page_loads_cleanly_in_a_browser(browser, site, page):
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
 
-    browser.get_log("browser")
-    browser.get_log("performance")
-    QuietHandler.requests = []
-    browser.get(f"{site}/{page}.html")
-    WebDriverWait(browser, 30).until(lambda d: d.execute_script("return document.readyState") == "complete")
+    open_page(browser, f"{site}/{page}.html")
 
     heading = browser.find_element(By.CSS_SELECTOR, "article h1")
     assert heading.is_displayed() and heading.text.strip(), f"{page}: no visible title"

@@ -39,9 +39,7 @@ def time_fn(fn, *, min_run_time=1.0, warmup=3, blocks=20, min_blocks=5):
     affordable = int(min_run_time / (3 * one_call_s))
     blocks = min(blocks, max(min_blocks, affordable))
     calls_per_block = max(1, int(min_run_time / blocks / one_call_s))
-    times_ms = torch.tensor([timer.timeit(calls_per_block).mean * 1e3 for _ in range(blocks)],
-                            dtype=torch.float64)
-    p10, p50, p90 = torch.quantile(times_ms, torch.tensor([0.1, 0.5, 0.9], dtype=torch.float64)).tolist()
+    p10, p50, p90 = quantiles([_block_ms(timer, calls_per_block) for _ in range(blocks)])
     return Timing(median_ms=p50, p10_ms=p10, p90_ms=p90, runs=calls_per_block * blocks)
 
 
