@@ -176,6 +176,34 @@ def headline_table(rows, chapters):
                   "memory GB", "GPU", "torch", "measured"], lines)
 
 
+def without_speedup(rows):
+    """The workloads with no compiled speedup measured, with their variants, compile range and floor (benchmarks page)."""
+    has_headline = {(r["file"], r["workload"]) for r in headline(rows)}
+    groups = {}
+    for row in rows:
+        key = (row["file"], row["workload"])
+        if key not in has_headline and row.get("status", "ok") == "ok":
+            groups.setdefault(key, []).append(row)
+    return list(groups.values())
+
+
+def without_speedup_table(rows, chapters):
+    """The workloads measured without a speedup against eager, as a Markdown table (benchmarks page)."""
+    lines = []
+    for group in without_speedup(rows):
+        first = group[0]
+        compiles = sorted(r["compile_s"] for r in group if isinstance(r.get("compile_s"), (int, float)))
+        span = "-" if not compiles else cell_text({"v": compiles[0]}, "v") if len(compiles) == 1 else \
+            f"{cell_text({'v': compiles[0]}, 'v')}-{cell_text({'v': compiles[-1]}, 'v')}"
+        floors = [r for r in group if floor_text(r) != "-"]
+        best_floor = floor_text(max(floors, key=lambda r: next(r[f] for f, _ in FLOORS if isinstance(r.get(f), (int, float))))) \
+            if floors else "-"
+        variants = ", ".join(_code(v) for v in dict.fromkeys(r["variant"] for r in group))
+        lines.append([chapter_link(first, chapters), _code(first["workload"]), variants, span, best_floor,
+                      _cell(first["gpu"])])
+    return table(["chapter", "workload", "variants", "compile s", "best floor", "GPU"], lines)
+
+
 def claim_measurements(claim, rows):
     """What the book measured for a claim: the rows it names, as text with the chapter's link (benchmarks page)."""
     if not claim.get("chapter"):
@@ -291,6 +319,11 @@ memory.
 {charts['speedup']}
 
 {headline_table(rows, chapters)}
+
+Some workloads measure something other than a speedup against eager: a compile time, a
+recompile, an accuracy, a profile. Their chapters explain them:
+
+{without_speedup_table(rows, chapters)}
 
 ## Compile time against speedup
 

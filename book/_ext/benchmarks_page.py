@@ -15,13 +15,14 @@ from pathlib import Path
 from sphinx.errors import ExtensionError
 
 PACKAGE = "_book_utils"  # utils/ under another name: its modules, without the package's __init__
+UTILS = Path(__file__).resolve().parents[2] / "utils"
 
 
-def load_benchmarks(repo):
-    """utils/benchmarks.py of the repository at `repo`, imported without importing torch."""
+def load_benchmarks():
+    """This repository's utils/benchmarks.py, imported without importing torch."""
     if PACKAGE not in sys.modules:
         package = types.ModuleType(PACKAGE)
-        package.__path__ = [str(Path(repo) / "utils")]
+        package.__path__ = [str(UTILS)]
         sys.modules[PACKAGE] = package
     return importlib.import_module(f"{PACKAGE}.benchmarks")
 
@@ -29,7 +30,7 @@ def load_benchmarks(repo):
 def generate(app, config=None):
     """Write the page; a results problem becomes an ExtensionError that names the file."""
     repo = Path(app.srcdir)
-    benchmarks = load_benchmarks(repo)
+    benchmarks = load_benchmarks()
     try:
         path = benchmarks.write_page(repo)
     except benchmarks.ResultsError as error:
