@@ -17,7 +17,7 @@ from .tables import cell_text
 SKIPPED_FOLDERS = {"cpu"}  # smoke and CPU runs of the runner (git-ignored), not results of record
 PAGE = Path("book") / "benchmarks.md"
 SOURCES = Path("book") / "_data" / "benchmarks.yml"
-FLOORS = (("floor_frac", "of the floor"), ("roofline_frac", "of the bandwidth roofline"), ("mfu", "MFU"))
+FLOORS = (("floor_frac", "of floor"), ("roofline_frac", "of roofline"), ("mfu", "MFU"))
 OVERHEAD, COMPUTE, MIXED, UNKNOWN = "overhead-bound", "compute-bound", "in between", "GPU time not measured"
 
 
@@ -154,17 +154,18 @@ def _code(text):
     return f"`{_cell(str(text).replace('`', ''))}`"
 
 
-def chapter_link(row, chapters):
-    """The chapter as a link to its page where the toc has it, else its name (benchmarks page)."""
+def chapter_link(row, chapters, short=True):
+    """The chapter as a link to its page where the toc has it ('2b', or 'chapter 2b'), else its name (benchmarks page)."""
     doc = next((c for c in chapters if Path(c).name == row["stem"]), None)
-    return f"[{row['chapter']}](../{doc}.ipynb)" if doc else row["chapter"]
+    text = row["chapter"].replace("chapter ", "") if short else row["chapter"]
+    return f"[{text}](../{doc}.ipynb)" if doc else text
 
 
 def table(headers, lines):
-    """A Markdown table (benchmarks page)."""
-    out = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    """A Markdown table in a container the book's CSS sets smaller (benchmarks page)."""
+    out = ["```{container} benchmarks-table", "| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     out += ["| " + " | ".join(line) + " |" for line in lines]
-    return "\n".join(out)
+    return "\n".join(out + ["```"])
 
 
 def headline_table(rows, chapters):
@@ -231,7 +232,7 @@ def claims_table(claims, rows, chapters):
             value = claim.get("value", "speedup")
             measured_text = "; ".join(f"{_code(r['workload'])} {_code(r['variant'])}: {_cell(explore.bar_label(r, value))}"
                                       for r in found)
-            measured_text += f" ({chapter_link(found[0], chapters)}, {_cell(found[0]['gpu'])})"
+            measured_text += f" ({chapter_link(found[0], chapters, short=False)}, {_cell(found[0]['gpu'])})"
         elif claim.get("chapter"):
             measured_text = f"no measured row in `results/<gpu>/{claim['chapter']}.json`"
         else:
@@ -306,8 +307,8 @@ How to read the numbers. **speedup** is eager time over compiled time, measured 
 process; where a chapter alternated eager and compiled rounds, the range of the rounds follows in
 parentheses. **compile s** is the first call of the compiled model (compilation included).
 **floor** says how close the recipe came to the hardware's limit where the chapter measured one:
-the fraction of the memory-bandwidth roofline for decoding, the model FLOP utilisation (MFU, against
-the GPU's specified peak) for training. **memory GB** is the variant's peak memory. A dash means
+the fraction of the memory-bandwidth roofline for decoding ("of roofline"), the model FLOP
+utilisation against the GPU's specified peak for training ("MFU"). **memory GB** is the variant's peak memory. A dash means
 the chapter did not measure that quantity for that row.
 
 ## The best recipe per workload
