@@ -50,7 +50,8 @@ def test_bar_spec_keeps_measured_rows_with_their_spread_and_numbers():
     assert (default_1["lo"], default_1["hi"], default_1["end"]) == (1.21, 1.76, 1.76)
     assert default_1["label"] == "1.35x (1.21-1.76) · 2.20 ms"
     default_64 = next(v for v in values if v["cat"] == "default" and v["p0"] == "64")
-    assert default_64["lo"] is None and default_64["hi"] is None and default_64["label"] == "1.07x · 10.2 ms"
+    assert default_64["lo"] == default_64["hi"] == 1.07 and default_64["label"] == "1.07x · 10.2 ms", \
+        "no rounds: a rule of no length, and no spread in the label"
     assert [v["base"] for v in values] == [True, False, True, False], "eager bars are the baseline"
 
 

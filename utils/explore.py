@@ -90,8 +90,10 @@ def bar_spec(rows, pick="batch", category="variant", value="speedup", title=None
     values = []
     for row in rows:
         lo, hi = row.get(f"{value}_lo"), row.get(f"{value}_hi")
+        if lo is None or hi is None:  # no spread: a rule of no length (an empty field would warn in the console)
+            lo = hi = row[value]
         item = {"cat": as_option(row.get(category)), "val": row[value], "lo": lo, "hi": hi,
-                "end": max(v for v in (row[value], hi) if v is not None), "label": bar_label(row, value),
+                "end": max(row[value], hi), "label": bar_label(row, value),
                 "base": str(row.get("variant", "")).startswith("eager")}
         item.update({f"p{i}": as_option(row.get(f)) for i, f in enumerate(picks)})
         item.update(tip_values(row))
