@@ -69,7 +69,8 @@ def built_site():
     `--all` rebuilds every page: an incremental build would not repeat the warnings of pages
     that did not change, and could pass on a broken book.
     """
-    vendored = [REPO / "book" / "_vendor" / f for f in ("widgets/embed-amd.js", "mathjax/tex-mml-chtml.js")]
+    vendored = [REPO / "book" / "_vendor" / f for f in ("widgets/embed-amd.js", "mathjax/tex-mml-chtml.js",
+                                                          "vega/vega-embed.min.js")]
     if not all(path.exists() for path in vendored):
         pytest.fail("the site's JavaScript is not vendored into book/_vendor/: run `make test` "
                     "(or `make book`), which fetches it")
