@@ -10,6 +10,7 @@ import json
 import re
 import shutil
 import subprocess
+from pathlib import Path
 from types import SimpleNamespace
 from urllib.parse import urlparse
 
@@ -221,5 +222,30 @@ def test_chapter_explorers_draw_on_their_pages(browser, site, chapters):
         ids = browser.execute_script("return Array.from(document.querySelectorAll('.book-explorer')).map(e => e.id)")
         for element_id in ids:
             WebDriverWait(browser, 30).until(lambda d: svg_text(d, element_id), f"{chapter}: {element_id} drew nothing")
+        severe = [e["message"] for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+        assert not severe, f"{chapter}: console errors: {severe}"
+
+
+@pytest.mark.slow
+def test_every_chapter_has_an_explorer_that_a_menu_changes(browser, site, chapters):
+    """Each chapter's page (not its companion pages) holds an explorer of its results that redraws when a menu changes."""
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    main_chapters = [c for c in chapters if re.fullmatch(r"\d+_[a-z_]+", Path(c).name)]
+    assert len(main_chapters) >= 5, main_chapters
+    for chapter in main_chapters:
+        open_page(browser, f"{site}/{chapter}.html")
+        ids = browser.execute_script("return Array.from(document.querySelectorAll('.book-explorer')).map(e => e.id)")
+        assert ids, f"{chapter}: no explorer on the page"
+        element_id = ids[0]
+        WebDriverWait(browser, 30).until(lambda d: svg_text(d, element_id), f"{chapter}: {element_id} drew nothing")
+        before = svg_text(browser, element_id)
+        menu = Select(browser.find_element("css selector", f"#{element_id} select"))
+        choices = [o.get_attribute("value") for o in menu.options]
+        assert len(choices) > 1, f"{chapter}: the explorer's menu offers one choice: {choices}"
+        menu.select_by_value(choices[1] if menu.first_selected_option.get_attribute("value") == choices[0]
+                             else choices[0])
+        WebDriverWait(browser, 10).until(lambda d: svg_text(d, element_id) != before,
+                                         f"{chapter}: the chart did not change with its menu")
         severe = [e["message"] for e in browser.get_log("browser") if e["level"] == "SEVERE"]
         assert not severe, f"{chapter}: console errors: {severe}"

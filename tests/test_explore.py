@@ -135,6 +135,48 @@ def test_the_site_loads_vega_before_require_only_on_pages_with_an_explorer():
 
 def test_chapter_one_explores_its_mode_sweep_after_the_plot():
     nb = json.loads((REPO / "notebooks" / "01_mechanism.ipynb").read_text())
-    code = ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"]
-    plot = next(i for i, s in enumerate(code) if 'grouped_bars(mode_rows, "speedup"' in s)
-    assert re.search(r"utils\.explorer\(mode_rows, pick=\"batch\"", code[plot + 1]), code[plot + 1]
+    cells = ["".join(c["source"]) for c in nb["cells"]]
+    plot = next(i for i, s in enumerate(cells) if 'grouped_bars(mode_rows, "speedup"' in s)
+    assert re.search(r"```\{explorer\} 01_mechanism\n:pick: batch\n", cells[plot + 1]), cells[plot + 1]
+
+
+def build_page(tmp_path, markdown, results=None):
+    """Build one MyST page with the {explorer} directive in a scratch Sphinx project: (exit status, HTML, log)."""
+    import contextlib
+    import io
+
+    from sphinx.cmd.build import build_main
+
+    (tmp_path / "conf.py").write_text(
+        f"import sys\nsys.path.insert(0, {str(REPO / 'book' / '_ext')!r})\n"
+        "extensions = ['myst_parser', 'explorers']\nmyst_enable_extensions = ['colon_fence']\n")
+    (tmp_path / "index.md").write_text("# Page\n\n" + markdown)
+    for name, data in (results or {}).items():
+        path = tmp_path / "results" / "nvidia-h200" / f"{name}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(data))
+    log = io.StringIO()
+    with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+        status = build_main(["-q", "-W", "-b", "html", str(tmp_path), str(tmp_path / "_build")])
+    page = tmp_path / "_build" / "index.html"
+    return status, page.read_text() if page.exists() else "", log.getvalue()
+
+
+RESULTS = {"provenance": {"gpu": "NVIDIA H200", "torch": "2.11"}, "measurements": ROWS}
+
+
+def test_the_explorer_directive_draws_a_chapters_committed_results(tmp_path):
+    status, html_text, log = build_page(
+        tmp_path, "```{explorer} 09_demo\n:pick: batch\n:title: modes\n```\n", {"09_demo": RESULTS})
+    assert status == 0, log
+    assert 'class="book-explorer"' in html_text and "vegaEmbed" in html_text
+    assert '"title":"modes"' in html_text
+
+
+@pytest.mark.parametrize("markdown, says", [
+    ("```{explorer} 09_missing\n```\n", "no results/<gpu>/09_missing.json"),
+    ("```{explorer} 09_demo\n:workloads: nothing_here\n```\n", "no workload nothing_here"),
+])
+def test_the_explorer_directive_fails_the_build_naming_what_is_missing(tmp_path, markdown, says):
+    status, _, log = build_page(tmp_path, markdown, {"09_demo": RESULTS})
+    assert status != 0 and says in log, log

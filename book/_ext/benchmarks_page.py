@@ -18,13 +18,18 @@ PACKAGE = "_book_utils"  # utils/ under another name: its modules, without the p
 UTILS = Path(__file__).resolve().parents[2] / "utils"
 
 
-def load_benchmarks():
-    """This repository's utils/benchmarks.py, imported without importing torch."""
+def load_utils_module(name):
+    """One module of this repository's utils/, imported without utils/__init__.py (which imports torch)."""
     if PACKAGE not in sys.modules:
         package = types.ModuleType(PACKAGE)
         package.__path__ = [str(UTILS)]
         sys.modules[PACKAGE] = package
-    return importlib.import_module(f"{PACKAGE}.benchmarks")
+    return importlib.import_module(f"{PACKAGE}.{name}")
+
+
+def load_benchmarks():
+    """This repository's utils/benchmarks.py, imported without importing torch."""
+    return load_utils_module("benchmarks")
 
 
 def generate(app, config=None):
