@@ -158,3 +158,48 @@ def stats(server):
     import httpx
 
     return httpx.get(server.url + "/stats", timeout=10).json()
+
+
+def compare(servers, payloads, levels, rounds=3, max_requests=200, max_seconds=5.0):
+    """Load each server in alternating rounds at each concurrency; a row per server and level (chapter 7).
+
+    p50, p99 and requests/s are medians over the rounds; `speedup` is the median over rounds of eager's
+    p50 / this server's p50 in the same round (speedup_lo, speedup_hi: their range); `recompiles` is
+    what the server counted after the level.
+    """
+    from .timing import quantiles
+
+    rows = []
+    for c in levels:
+        per = {s.mode: [] for s in servers}
+        for _ in range(rounds):
+            for s in servers:
+                per[s.mode].append(load(s.url, payloads, c, max_requests, max_seconds))
+        for s in servers:
+            runs = per[s.mode]
+            med = {k: quantiles([r[k] for r in runs], (0.5,))[0] if all(r[k] is not None for r in runs) else None
+                   for k in ("p50_ms", "p99_ms", "rps")}
+            row = {"workload": "serving", "variant": s.mode, "concurrency": c, "status": "ok", **med,
+                   "requests": sum(r["ok"] for r in runs), "failed": sum(r["failed"] for r in runs),
+                   "recompiles": stats(s)["recompiles"]}
+            if "eager" in per and med["p50_ms"]:
+                ratios = [e["p50_ms"] / r["p50_ms"] for e, r in zip(per["eager"], runs)]
+                row.update(speedup=quantiles(ratios, (0.5,))[0], speedup_lo=min(ratios), speedup_hi=max(ratios))
+            rows.append(row)
+    return rows
+
+
+def kill_mid_load(server, payloads, concurrency=2, after_s=1.0, max_seconds=10.0):
+    """SIGKILL a server while it is under load, start it again; seconds to ready and to the first answer (chapter 7)."""
+    result = {}
+    loader = threading.Thread(target=lambda: result.update(load(server.url, payloads, concurrency, 10**6, max_seconds)))
+    loader.start()
+    time.sleep(after_s)
+    stop(server, kill=True)
+    loader.join()
+    started = time.perf_counter()
+    again = start(*server.args)
+    status, _ = post(again.url, payloads[0])
+    return again, {"variant": server.mode, "served_before_kill": result.get("ok", 0), "ready_s": again.ready_s,
+                   "first_answer_s": time.perf_counter() - started, "first_status": status,
+                   "mega_loaded": stats(again).get("mega_loaded"), "package_built": stats(again).get("package_built")}
