@@ -211,7 +211,7 @@ def measure(model, path, preset, cache_dir, artifact=None, timeout=600, **option
         flag = "--" + key.replace("_", "-")
         cmd += [flag] if value is True else [] if value in (False, None) else [flag, str(value)]
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache_dir), "TRITON_CACHE_DIR": str(cache_dir / "triton"),
-           "PYTHONPATH": str(REPO_ROOT)}
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
     t = time.perf_counter()
     cmd += ["--t0", repr(time.time())]
     try:
