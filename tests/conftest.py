@@ -152,3 +152,21 @@ def open_page(browser, url):
     QuietHandler.requests = []
     browser.get(url)
     WebDriverWait(browser, 30).until(lambda d: d.execute_script("return document.readyState") == "complete")
+
+
+def page_problems(browser, site):
+    """What the page just opened did wrong: console errors, requests that left the site, files not found."""
+    import json
+    from urllib.parse import urlparse
+
+    severe = [e["message"] for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+    local = urlparse(site).netloc
+    outside = []
+    for entry in browser.get_log("performance"):
+        message = json.loads(entry["message"])["message"]
+        if message["method"] == "Network.requestWillBeSent":
+            url = urlparse(message["params"]["request"]["url"])
+            if url.scheme in ("http", "https", "ws", "wss") and url.netloc != local:
+                outside.append(url.geturl())
+    not_found = [(code, path) for code, path in QuietHandler.requests if code not in (200, 304)]
+    return {"console errors": severe, "requests outside the site": outside, "files not found": not_found}
