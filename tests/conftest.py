@@ -48,10 +48,10 @@ def repository_url(book_config):
 
 
 def toc_chapters():
-    """The chapter files listed in _toc.yml's 'Chapters' part, e.g. 'notebooks/01_mechanism'."""
+    """The chapter files listed in _toc.yml's 'Chapters' part, companion pages nested under a chapter included."""
     toc = yaml.safe_load((REPO / "_toc.yml").read_text())
     parts = [p for p in toc.get("parts", []) if p.get("caption") == "Chapters"]
-    return [c["file"] for p in parts for c in p.get("chapters", [])]
+    return [f for p in parts for c in p.get("chapters", []) for f in [c["file"], *(s["file"] for s in c.get("sections", []))]]
 
 
 @pytest.fixture(scope="session")
