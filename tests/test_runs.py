@@ -448,6 +448,14 @@ def test_run_book_full_run_writes_in_place_without_the_injected_cell(tiny, monke
     assert not (tiny["out"] / tiny["path"].name).exists()
 
 
+def test_run_book_simulating_a_small_gpu_never_writes_in_place(tiny, monkeypatch):
+    monkeypatch.delenv(utils.env.SIMULATE_ENV, raising=False)
+    assert utils.run_book.main(["--preset", "full", "--simulate", "t4", str(tiny["path"])]) == 0
+    monkeypatch.delenv(utils.env.SIMULATE_ENV)  # main() set it for the kernel; it must have been set
+    assert tiny["path"].read_bytes() == tiny["bytes"], "a simulated run replaced the committed chapter"
+    assert (tiny["out"] / tiny["path"].name).exists()
+
+
 def test_run_book_resumes_a_chapter_over_two_commands(tiny, capsys):
     (tiny["flags"] / "pending").touch()  # the second part does not fit in the first command
     command = ["--preset", "smoke", "--resume", "--max-seconds", "600", str(tiny["path"])]
