@@ -12,12 +12,11 @@ import shutil
 import subprocess
 from pathlib import Path
 from types import SimpleNamespace
-from urllib.parse import urlparse
 
 import pytest
 import yaml
 
-from conftest import REPO, QuietHandler, open_page
+from conftest import REPO, QuietHandler, open_page, page_problems
 from utils import benchmarks
 
 FACTS = REPO.parent / "shared" / "FACTS.md"
@@ -196,18 +195,8 @@ def test_benchmarks_page_explorers_change_with_their_menu_offline(browser, site)
     others = [c for c in choices[2:] if f"{c} ·" in before]
     assert others and not any(f"{c} ·" in after for c in others), "other chapters' bars are still shown"
 
-    severe = [e["message"] for e in browser.get_log("browser") if e["level"] == "SEVERE"]
-    assert not severe, f"console errors: {severe}"
-    local = urlparse(site).netloc
-    outside = []
-    for entry in browser.get_log("performance"):
-        message = json.loads(entry["message"])["message"]
-        if message["method"] == "Network.requestWillBeSent":
-            url = urlparse(message["params"]["request"]["url"])
-            if url.scheme in ("http", "https", "ws", "wss") and url.netloc != local:
-                outside.append(url.geturl())
-    assert not outside, f"requests outside the site: {outside}"
-    assert not [r for r in QuietHandler.requests if r[0] not in (200, 304)], QuietHandler.requests
+    problems = page_problems(browser, site)
+    assert not any(problems.values()), problems
     assert any(path.split("?")[0].endswith("/vega/vega-embed.min.js") for _, path in QuietHandler.requests), \
         "vega-embed was not served by the site"
 

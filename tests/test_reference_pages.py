@@ -16,7 +16,7 @@ from urllib.parse import urlparse
 import pytest
 import yaml
 
-from conftest import REPO, QuietHandler, open_page
+from conftest import REPO, open_page, page_problems
 
 FACTS = REPO.parent / "shared" / "FACTS.md"
 CLAIMS_HEADING = "## Claims that circulate, with verdicts"
@@ -217,16 +217,5 @@ def test_reference_page_loads_cleanly_in_a_browser(browser, site, page):
         assert "TypeError" in article, "the myths page does not show the TypeErrors"
         assert "{glue" not in article, "a glue role was not replaced"
 
-    severe = [e["message"] for e in browser.get_log("browser") if e["level"] == "SEVERE"]
-    assert not severe, f"{page}: console errors: {severe}"
-    local = urlparse(site).netloc
-    outside = []
-    for entry in browser.get_log("performance"):
-        message = json.loads(entry["message"])["message"]
-        if message["method"] == "Network.requestWillBeSent":
-            url = urlparse(message["params"]["request"]["url"])
-            if url.scheme in ("http", "https", "ws", "wss") and url.netloc != local:
-                outside.append(url.geturl())
-    assert not outside, f"{page}: requests outside the site: {outside}"
-    not_found = [(code, path) for code, path in QuietHandler.requests if code not in (200, 304)]
-    assert not not_found, f"{page}: files not found: {not_found}"
+    problems = page_problems(browser, site)
+    assert not any(problems.values()), f"{page}: {problems}"
