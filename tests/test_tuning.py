@@ -85,6 +85,7 @@ def test_autotune_summary_reads_inductors_lines():
 
 def test_tlparse_report_says_why_not(monkeypatch, tmp_path):
     monkeypatch.setattr(tuning.shutil, "which", lambda name: None)
+    monkeypatch.setattr(tuning.sys, "executable", str(tmp_path / "python"))
     report, why = tuning.tlparse_report(tmp_path, tmp_path / "out")
     assert report is None and "pip install tlparse" in why
 
@@ -112,3 +113,17 @@ def test_draft_runs_in_smoke_preset_on_cpu(tmp_path, monkeypatch):
     assert "graph breaks:" in text and "recompile_limit:" in text
     assert "coordinate_descent_tuning: skipped: tunes Triton kernels" in text, "the GPU-only knobs should say why"
     assert "freezing: ok" in text, "freezing runs on a CPU too"
+
+
+@pytest.mark.slow
+def test_tlparse_report_from_a_real_trace(tmp_path):
+    import os
+    import subprocess
+
+    if tuning.tlparse_report(tmp_path / "none", tmp_path / "o")[1].startswith("tlparse is not installed"):
+        pytest.skip("tlparse is not installed")
+    script = "import torch\nf = torch.compile(lambda x: x.sin() + 1)\nf(torch.randn(4)); f(torch.randn(8))\n"
+    env = {**os.environ, "TORCH_TRACE": str(tmp_path / "trace"), "CUDA_VISIBLE_DEVICES": ""}
+    subprocess.run([sys.executable, "-c", script], env=env, check=True, capture_output=True, timeout=600)
+    report, why = tuning.tlparse_report(tmp_path / "trace", tmp_path / "report")
+    assert report is not None and report.name == "index.html", why

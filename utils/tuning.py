@@ -4,7 +4,9 @@ import io
 import re
 import shutil
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import torch
 import torch._dynamo
@@ -103,13 +105,17 @@ def relative_to(rows, reference="default"):
 
 
 def tlparse_report(trace_dir, out_dir):
-    """Run tlparse on a TORCH_TRACE folder into out_dir: (path of its index.html, None) or (None, why not) (chapter 6)."""
-    exe = shutil.which("tlparse")
+    """Run tlparse on the newest log of a TORCH_TRACE folder into out_dir: (path of its index.html, None) or (None, why not) (chapter 6)."""
+    beside = Path(sys.executable).parent / "tlparse"  # installed in this environment, maybe not on PATH
+    exe = str(beside) if beside.exists() else shutil.which("tlparse")
     if exe is None:
         return None, "tlparse is not installed (pip install tlparse)"
-    proc = subprocess.run([exe, str(trace_dir), "-o", str(out_dir), "--overwrite", "--no-browser"],
+    logs = sorted(Path(trace_dir).glob("*.log"), key=lambda p: p.stat().st_mtime)
+    if not logs:
+        return None, f"no trace in {trace_dir}: was TORCH_TRACE set for the process that compiled?"
+    proc = subprocess.run([exe, str(logs[-1]), "-o", str(out_dir), "--overwrite", "--no-browser"],
                           capture_output=True, text=True, timeout=300)
-    index = out_dir / "index.html"
+    index = Path(out_dir) / "index.html"
     if proc.returncode != 0 or not index.exists():
         return None, f"tlparse exited {proc.returncode}: {(proc.stderr or proc.stdout).strip()[-300:]}"
     return index, None
