@@ -75,19 +75,14 @@ def fake_h200(monkeypatch):
     """A CPU machine that reports an H200, recording the memory cap asked of it; compile_threads restored after."""
     import torch._inductor.config as inductor_config
 
-    threads = inductor_config.compile_threads
-    yield from _fake_h200(monkeypatch)
-    inductor_config.compile_threads = threads
-
-
-def _fake_h200(monkeypatch):
-    caps = []
+    caps, threads = [], inductor_config.compile_threads
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i=0: fake_gpu("NVIDIA H200", 150.0))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=None: "NVIDIA H200")
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=None: (9, 0))
     monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, device=None: caps.append(f))
     yield caps
+    inductor_config.compile_threads = threads  # not monkeypatch: undoing it would delete the config entry
 
 
 def test_a_simulated_t4_on_an_h200_gets_the_colab_preset_fp16_and_two_compile_threads(monkeypatch, fake_h200):
