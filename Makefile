@@ -35,6 +35,24 @@ MATHJAX := mathjax@3.2.2
 MATHJAX_TGZ := mathjax-3.2.2.tgz
 MATHJAX_URL := https://registry.npmjs.org/mathjax/-/mathjax-3.2.2.tgz
 MATHJAX_SHA256 := 1b9c0a1c44df864e915690558e72adb9cc5203360daefd385084ced3b6c64c09
+# Vega, Vega-Lite and vega-embed: the explorers (utils/explore.py) and the benchmarks page draw their
+# charts with them in the browser, no kernel needed. Their UMD builds are loaded as plain scripts
+# before require.js (book/_ext/explorers.py), so they define globals, not AMD modules. The Vega-Lite
+# schema goes to .cache/ for the tests that validate the explorers' specs (not onto the site).
+VEGA_DIR := book/_vendor/vega
+VEGA_SCHEMA := .cache/vega-lite-schema.json
+VEGA := vega@6.4.0
+VEGA_TGZ := vega-6.4.0.tgz
+VEGA_URL := https://registry.npmjs.org/vega/-/vega-6.4.0.tgz
+VEGA_SHA256 := 3521fb6ff68a94a40323954f0ba4484ba4014b157bfd37f89a3b063082320c42
+VEGA_LITE := vega-lite@6.5.0
+VEGA_LITE_TGZ := vega-lite-6.5.0.tgz
+VEGA_LITE_URL := https://registry.npmjs.org/vega-lite/-/vega-lite-6.5.0.tgz
+VEGA_LITE_SHA256 := 811230a6bfd2cdbfc359d0c38f624a90df86657b7f251b67be88bcc4eee32b7f
+VEGA_EMBED := vega-embed@7.3.0
+VEGA_EMBED_TGZ := vega-embed-7.3.0.tgz
+VEGA_EMBED_URL := https://registry.npmjs.org/vega-embed/-/vega-embed-7.3.0.tgz
+VEGA_EMBED_SHA256 := d9a958ced3240f0418df7d5e12e97dba6e63cecda15b8403e47a0db7eb6ea859
 
 .PHONY: book student test test-fast setup browser clean
 
@@ -63,7 +81,7 @@ test: setup browser
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow" tests
 
-setup: $(STAMP) $(VENDOR)/.stamp
+setup: $(STAMP) $(VENDOR)/.stamp $(VEGA_DIR)/.stamp
 
 $(STAMP): requirements.txt tests/requirements.txt
 	@test -x $(PY) || { echo "creating $(VENV)"; $(PYTHON) -m venv $(VENV); }
@@ -92,6 +110,28 @@ $(VENDOR)/.stamp: Makefile
 	cp -r "$$tmp"/mj/package/es5/{tex-mml-chtml.js,input,output,ui,a11y,sre} "$$tmp"/mj/package/LICENSE $(MATHJAX_DIR)/; \
 	echo "$(HTML_MANAGER) $(REQUIREJS) $(MATHJAX)" > $@; \
 	echo "vendored $(HTML_MANAGER), $(REQUIREJS) and $(MATHJAX) into book/_vendor/"
+
+$(VEGA_DIR)/.stamp: Makefile
+	@tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
+	if command -v npm >/dev/null; then \
+	  (cd "$$tmp" && npm pack --silent $(VEGA) $(VEGA_LITE) $(VEGA_EMBED) >/dev/null); \
+	else \
+	  for url in $(VEGA_URL) $(VEGA_LITE_URL) $(VEGA_EMBED_URL); do curl -fsSL -o "$$tmp/$$(basename $$url)" $$url; done; \
+	fi; \
+	printf '%s  %s\n' $(VEGA_SHA256) "$$tmp/$(VEGA_TGZ)" $(VEGA_LITE_SHA256) "$$tmp/$(VEGA_LITE_TGZ)" \
+	  $(VEGA_EMBED_SHA256) "$$tmp/$(VEGA_EMBED_TGZ)" | sha256sum -c --quiet -; \
+	for name in vega vega-lite vega-embed; do mkdir -p "$$tmp/$$name"; done; \
+	tar -xzf "$$tmp/$(VEGA_TGZ)" -C "$$tmp/vega"; \
+	tar -xzf "$$tmp/$(VEGA_LITE_TGZ)" -C "$$tmp/vega-lite"; \
+	tar -xzf "$$tmp/$(VEGA_EMBED_TGZ)" -C "$$tmp/vega-embed"; \
+	rm -rf $(VEGA_DIR); mkdir -p $(VEGA_DIR) $$(dirname $(VEGA_SCHEMA)); \
+	for name in vega vega-lite vega-embed; do \
+	  cp "$$tmp/$$name"/package/build/$$name.min.js* $(VEGA_DIR)/; \
+	  cp "$$tmp/$$name"/package/LICENSE $(VEGA_DIR)/LICENSE.$$name; \
+	done; \
+	cp "$$tmp"/vega-lite/package/build/vega-lite-schema.json $(VEGA_SCHEMA); \
+	echo "$(VEGA) $(VEGA_LITE) $(VEGA_EMBED)" > $@; \
+	echo "vendored $(VEGA), $(VEGA_LITE) and $(VEGA_EMBED) into $(VEGA_DIR)/"
 
 # Debian's Chromium and ChromeDriver for tests/test_browser.py, installed only when missing.
 browser:

@@ -48,10 +48,10 @@ def repository_url(book_config):
 
 
 def toc_chapters():
-    """The chapter files listed in _toc.yml's 'Chapters' part, e.g. 'notebooks/01_mechanism'."""
+    """The chapter files listed in _toc.yml's 'Chapters' part, companion pages nested under a chapter included."""
     toc = yaml.safe_load((REPO / "_toc.yml").read_text())
     parts = [p for p in toc.get("parts", []) if p.get("caption") == "Chapters"]
-    return [c["file"] for p in parts for c in p.get("chapters", [])]
+    return [f for p in parts for c in p.get("chapters", []) for f in [c["file"], *(s["file"] for s in c.get("sections", []))]]
 
 
 @pytest.fixture(scope="session")
@@ -69,7 +69,8 @@ def built_site():
     `--all` rebuilds every page: an incremental build would not repeat the warnings of pages
     that did not change, and could pass on a broken book.
     """
-    vendored = [REPO / "book" / "_vendor" / f for f in ("widgets/embed-amd.js", "mathjax/tex-mml-chtml.js")]
+    vendored = [REPO / "book" / "_vendor" / f for f in ("widgets/embed-amd.js", "mathjax/tex-mml-chtml.js",
+                                                          "vega/vega-embed.min.js")]
     if not all(path.exists() for path in vendored):
         pytest.fail("the site's JavaScript is not vendored into book/_vendor/: run `make test` "
                     "(or `make book`), which fetches it")
@@ -151,3 +152,21 @@ def open_page(browser, url):
     QuietHandler.requests = []
     browser.get(url)
     WebDriverWait(browser, 30).until(lambda d: d.execute_script("return document.readyState") == "complete")
+
+
+def page_problems(browser, site):
+    """What the page just opened did wrong: console errors, requests that left the site, files not found."""
+    import json
+    from urllib.parse import urlparse
+
+    severe = [e["message"] for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+    local = urlparse(site).netloc
+    outside = []
+    for entry in browser.get_log("performance"):
+        message = json.loads(entry["message"])["message"]
+        if message["method"] == "Network.requestWillBeSent":
+            url = urlparse(message["params"]["request"]["url"])
+            if url.scheme in ("http", "https", "ws", "wss") and url.netloc != local:
+                outside.append(url.geturl())
+    not_found = [(code, path) for code, path in QuietHandler.requests if code not in (200, 304)]
+    return {"console errors": severe, "requests outside the site": outside, "files not found": not_found}

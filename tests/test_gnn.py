@@ -212,27 +212,53 @@ def test_minibatch_sweep_counts_recompiles():
     g = gnn.synthetic_graph(300, 3000, 4, num_classes=3)
     batches, _ = gnn.neighbor_batches(g, [3, 3], batch_size=8, num_batches=4)
     make = lambda: gnn.make_gnn("GraphSAGE", 4, 8, 2, 3)  # noqa: E731
-    static = gnn.minibatch_sweep(make, batches, {"backend": "eager", "dynamic": False}, blocks=2)
-    dynamic = gnn.minibatch_sweep(make, batches, {"backend": "eager", "dynamic": True}, blocks=2)
+    static = gnn.minibatch_sweep(make, batches, {"backend": "eager", "dynamic": False}, rounds=3, min_run_time=0.05)
+    dynamic = gnn.minibatch_sweep(make, batches, {"backend": "eager", "dynamic": True}, rounds=3, min_run_time=0.05)
     shapes = len({(b.num_nodes, b.edge_index.size(1)) for b in batches})
     assert static["graphs"] == shapes and static["recompiles"] == shapes - 1
     assert static["compiled_at"][0] == 0 and len(static["compiled_at"]) == shapes
     assert dynamic["graphs"] == 1 and dynamic["compiled_at"] == [0]
     assert len(static["first_pass_s"]) == 4 and static["median_ms"] > 0
+    # the compiled passes were timed in rounds alternating with eager ones: a ratio per round
+    assert static["rounds"] == 3 and static["speedup_lo"] <= static["speedup"] <= static["speedup_hi"]
+    assert static["eager_ms"] > 0
+    eager = gnn.minibatch_sweep(make, batches, {"compile": False}, rounds=3, min_run_time=0.05)
+    assert eager["graphs"] == 0 and eager["speedup"] == 1.0 and eager["compiled_at"] == []
 
 
-def test_table_prints_ok_and_failed_rows(capsys):
-    gnn.table([{"workload": "w", "variant": "eager", "status": "ok", "median_ms": 1.5},
-               {"workload": "w", "variant": "reduce-overhead", "status": "skipped: no GPU"}],
-              ("variant", "median_ms"))
-    out = capsys.readouterr().out
-    assert "1.5" in out and "skipped: no GPU" in out
+def test_compiled_ratio_times_two_models_in_rounds():
+    data = tiny_graph()
+    make = lambda: gnn.make_gnn("GraphSAGE", 8, 8, 2)  # noqa: E731
+    out = gnn.compiled_ratio(make, (data.x, data.edge_index), make, (data.x, data.edge_index),
+                             run=lambda m, args: m(*args), config={"backend": "eager"}, rounds=3, min_run_time=0.05)
+    assert out["rounds"] == 3 and out["ratio_lo"] <= out["ratio"] <= out["ratio_hi"]
+    assert out["a_ms"] > 0 and out["b_ms"] > 0
 
 
-def test_kernels_per_call_is_none_without_a_gpu():
+
+def test_gpu_measures_are_none_without_a_gpu():
     if torch.cuda.is_available():
         pytest.skip("a GPU is visible")
     assert gnn.kernels_per_call(lambda: None) is None
+    assert gnn.eager_op_ms("cpu") is None
+    data = tiny_graph()
+    assert gnn.step_gpu_ms(lambda: gnn.make_gnn("GraphSAGE", 8, 8, 2, 3),
+                           (data.x, data.edge_index, data.y, data.train_idx)) is None
+
+
+def test_capturable_adam_is_asked_for_by_name():
+    model = gnn.attach_adam(gnn.make_gnn("GraphSAGE", 8, 8, 2), capturable=True)
+    assert model.optimizer.param_groups[0]["capturable"] is True
+    assert gnn.attach_adam(gnn.make_gnn("GraphSAGE", 8, 8, 2)).optimizer.param_groups[0]["capturable"] is False
+
+
+def test_planetoid_root_falls_back_to_the_shared_copy(monkeypatch):
+    monkeypatch.delenv("PLANETOID_ROOT", raising=False)
+    root = gnn.planetoid_root()
+    if gnn.missing_cora_files(gnn.REPO_ROOT / "data" / "planetoid") and not gnn.missing_cora_files(gnn.SHARED_ROOT):
+        assert root == gnn.SHARED_ROOT
+    else:
+        assert root == gnn.REPO_ROOT / "data" / "planetoid"
 
 
 def test_gnn_panel_runs_a_measurement_on_click():

@@ -113,6 +113,15 @@ def test_a_part_whose_notebook_helper_changed_is_measured_again(tmp_path, resume
     assert run.part("a", notebook_function(cell.format(2))) == 2 and run.log[-1]["how"] == "measured"
 
 
+def test_a_dotted_import_inside_a_measure_that_uses_utils_is_keyed(tmp_path, resume):
+    # `import email.utils` puts "email.utils" among the code's names; it is a module path, not an
+    # attribute of the book's utils package to look up (utils' lazy loader would raise on it)
+    import utils
+
+    source = "def measure():\n    import email.utils\n    return [utils.tolerance is not None, email.utils.__name__]\n"
+    assert new_run(tmp_path).part("a", notebook_function(source, utils=utils)) == [True, "email.utils"]
+
+
 def test_a_value_read_inside_a_nested_function_is_part_of_the_key(tmp_path, resume):
     # a sweep written as a comprehension or with a lambda inside: the notebook's MODES is read by
     # nested code (in Python < 3.12 a list comprehension is a code object of its own)

@@ -197,7 +197,7 @@ def test_a_run_past_its_timeout_is_stopped():
 
 @pytest.mark.slow
 def test_draft_notebook_runs_in_smoke_preset_on_cpu(tmp_path, monkeypatch):
-    from test_notebooks import errors, glue_stored, glue_used, load, unexecuted
+    from test_notebooks import errors, glue_stored, glue_used, load, output_text, unexecuted
     from utils.run_book import execute
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # inherited by the papermill kernel and its torchruns
@@ -205,8 +205,7 @@ def test_draft_notebook_runs_in_smoke_preset_on_cpu(tmp_path, monkeypatch):
     nb = load(executed)
     assert not unexecuted(nb), f"code cells that did not run: {unexecuted(nb)}"
     assert not errors(nb), f"error outputs: {errors(nb)}"
-    text = "\n".join("".join(o.get("text", "")) for c in nb["cells"] if c["cell_type"] == "code"
-                     for o in c.get("outputs", []) if o.get("output_type") == "stream")
+    text = "\n".join(output_text(o) for c in nb["cells"] if c["cell_type"] == "code" for o in c.get("outputs", []))
     assert "skipped: no GPU" in text, "the GPU scaling runs should say why they were skipped"
     assert "gpt ddp x2" in text and "gpt fsdp2 x2" in text, "the gloo runs' table is missing"
     used, glued = glue_used(nb), glue_stored(nb)

@@ -13,7 +13,7 @@ from .runs import PartsPending, Run
 from .timing import (Budget, OutOfTime, Timing, deadline, gpu_time_ms, sync, time_first_call, time_fn,
                      time_interleaved)
 
-_LAZY = {"show_table": "tables", "compile_panel": "widgets"}
+_LAZY = {"show_table": "tables", "compile_panel": "widgets", "explorer": "explore"}
 
 
 def __getattr__(name):

@@ -8,6 +8,7 @@ import os
 import shutil
 import socket
 import stat
+import statistics
 import tempfile
 from pathlib import Path
 
@@ -25,9 +26,17 @@ MODELS = ("GCN", "GraphSAGE", "GIN")
 
 # --- Cora, offline first --------------------------------------------------------------------------
 
+SHARED_ROOT = REPO_ROOT.parent / "shared" / "data" / "planetoid"  # a copy laid beside the checkout (tests, CI)
+
+
 def planetoid_root(root=None):
-    """The Planetoid folder: `root`, else $PLANETOID_ROOT, else data/planetoid in the repository (chapter 4)."""
-    return Path(root or os.environ.get("PLANETOID_ROOT") or REPO_ROOT / "data" / "planetoid")
+    """The Planetoid folder: `root`, else $PLANETOID_ROOT, else data/planetoid in the repository, else a shared copy beside it (chapter 4)."""
+    if root or os.environ.get("PLANETOID_ROOT"):
+        return Path(root or os.environ["PLANETOID_ROOT"])
+    local = REPO_ROOT / "data" / "planetoid"
+    if missing_cora_files(local) and not missing_cora_files(SHARED_ROOT):
+        return SHARED_ROOT
+    return local
 
 
 def missing_cora_files(root):
@@ -52,8 +61,7 @@ def _writable_copy(root):
     # os.access alone says yes to root even without write bits: honour the bits too
     if os.access(target, os.W_OK) and target.stat().st_mode & stat.S_IWUSR:
         return Path(root)
-    copy = Path(tempfile.mkdtemp(prefix="planetoid-"))
-    print(f"{cora} is read-only: reading a copy in {copy}")
+    copy = Path(tempfile.mkdtemp(prefix="planetoid-"))  # silently: the page shows no machine paths
     shutil.copytree(cora, copy / "Cora")
     for path in [copy, *copy.rglob("*")]:  # a copy of a read-only tree is read-only too
         path.chmod(path.stat().st_mode | 0o200)
@@ -115,9 +123,12 @@ def make_gnn(kind, in_channels, hidden_channels, num_layers, out_channels=None, 
                                  dropout=dropout, **kwargs)
 
 
-def attach_adam(model, lr=0.01, weight_decay=5e-4):
-    """Give model an Adam optimizer at `model.optimizer` (a compiled model forwards the attribute) (chapter 4)."""
-    model.optimizer = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=weight_decay)
+def attach_adam(model, lr=0.01, weight_decay=5e-4, capturable=False):
+    """Give model an Adam optimizer at `model.optimizer` (a compiled model forwards the attribute) (chapter 4).
+
+    `capturable=True` keeps Adam's step count on the GPU, which capturing the step into a CUDA graph needs.
+    """
+    model.optimizer = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=weight_decay, capturable=capturable)
     return model
 
 
@@ -342,21 +353,25 @@ def gnn_panel(graph, device, hiddens=(16, 64, 256), num_layers=3, min_run_time=0
 
 # --- mini-batches with changing shapes ------------------------------------------------------------
 
-def minibatch_sweep(make_model, batches, config, blocks=10):
-    """Train on `batches` under a compare() config: each first step timed (compiles show), then the steady step (chapter 4).
+def minibatch_sweep(make_model, batches, config, rounds=7, min_run_time=1.0):
+    """Train on `batches` under a compare() config: each first step timed (compiles show), then steady passes against eager (chapter 4).
 
     Returns per-step first-pass seconds, where graphs were compiled, recompiles, the seconds the
-    compiling steps took beyond a steady step, and the steady per-step time over whole passes.
+    compiling steps took beyond a steady step, and the steady per-step time over whole passes. A
+    compiled config's passes are timed in rounds alternating with an eager model's passes
+    (utils.time_interleaved): `speedup` is the median of the per-round ratios eager / compiled,
+    `speedup_lo` and `speedup_hi` the extremes, `eager_ms` eager's step in those same rounds.
     """
     from torch._dynamo.utils import counters
 
-    from .timing import time_first_call, time_fn
+    from .timing import quantiles, time_first_call, time_fn, time_interleaved
 
+    eager = config.get("compile") is False
     torch._dynamo.reset()
     counters.clear()
     torch.manual_seed(0)
     model = attach_adam(make_model())
-    if config.get("compile") is not False:
+    if not eager:
         model = torch.compile(model, **compile_kwargs(config))
     inputs = [(b.x, b.edge_index, b.y, slice(0, b.batch_size)) for b in batches]
     first_s, compiled_at = [], []
@@ -368,19 +383,31 @@ def minibatch_sweep(make_model, batches, config, blocks=10):
             compiled_at.append(i)
     graphs = counters["stats"]["unique_graphs"]
 
-    def one_pass():
+    def one_pass(m):
         for batch_inputs in inputs:
-            run_model_step(model, batch_inputs)
+            run_model_step(m, batch_inputs)
 
-    timing = time_fn(one_pass, min_run_time=0.0, warmup=1, blocks=blocks)
-    per_step = 1e-3 / len(inputs)
-    steady_s = timing.median_ms * per_step
+    per_step = 1.0 / len(inputs)
+    if eager:
+        timing = time_fn(lambda: one_pass(model), min_run_time=min_run_time, warmup=1, blocks=rounds)
+        p10, median, p90 = timing.p10_ms, timing.median_ms, timing.p90_ms
+        eager_ms, ratios = median * per_step, [1.0]
+    else:
+        torch.manual_seed(0)
+        eager_model = attach_adam(make_model())
+        timed = time_interleaved({"eager": lambda: one_pass(eager_model), "compiled": lambda: one_pass(model)},
+                                 rounds=rounds, min_run_time=min_run_time, warmup=1)
+        p10, median, p90 = quantiles(timed.ms["compiled"])
+        eager_ms, ratios = timed.median_ms("eager") * per_step, timed.ratios("eager", "compiled")
+    steady_s = median * per_step * 1e-3
     compile_s = sum(max(first_s[i] - steady_s, 0.0) for i in compiled_at)
     return {"first_pass_s": first_s, "compiled_at": compiled_at, "graphs": graphs,
             "recompiles": max(graphs - 1, 0), "compile_s": compile_s,
             "recompile_s_each": compile_s / len(compiled_at) if compiled_at else 0.0,
-            "median_ms": steady_s * 1e3, "p10_ms": timing.p10_ms * per_step * 1e3,
-            "p90_ms": timing.p90_ms * per_step * 1e3, "first_pass_total_s": sum(first_s)}
+            "median_ms": median * per_step, "p10_ms": p10 * per_step, "p90_ms": p90 * per_step,
+            "eager_ms": eager_ms, "speedup": statistics.median(ratios),
+            "speedup_lo": min(ratios), "speedup_hi": max(ratios), "rounds": rounds,
+            "first_pass_total_s": sum(first_s)}
 
 
 def plot_step_times(sweeps, ax=None):
@@ -402,18 +429,6 @@ def plot_step_times(sweeps, ax=None):
     return ax
 
 
-def table(rows, columns):
-    """Print measurement rows as an aligned table; rows that did not run show their status (chapter 4)."""
-    print("  ".join(f"{c:>14}" for c in columns))
-    for row in rows:
-        if row.get("status", "ok") != "ok":
-            print(f"{row['workload']:>14}  {row['variant']:>14}  {row['status']}")
-            continue
-        cells = []
-        for c in columns:
-            v = row.get(c)
-            cells.append(f"{v:>14.4g}" if isinstance(v, float) else f"{str(v):>14}")
-        print("  ".join(cells))
 
 
 def kernels_per_call(fn, calls=5):
@@ -430,3 +445,49 @@ def kernels_per_call(fn, calls=5):
             fn()
         torch.cuda.synchronize()
     return sum(1 for e in prof.events() if e.device_type == DeviceType.CUDA) / calls
+
+
+def eager_op_ms(device="cuda", min_run_time=0.5):
+    """Wall ms per call of the cheapest eager op (an in-place add on one element, one kernel); None on a CPU (chapter 4).
+
+    Python, the dispatcher and one kernel launch: what issuing a kernel from eager PyTorch costs at the least.
+    """
+    if not torch.cuda.is_available() or str(device) == "cpu":
+        return None
+    from .timing import time_fn
+
+    tiny = torch.zeros(1, device=device)
+    return time_fn(lambda: tiny.add_(1.0), min_run_time=min_run_time).median_ms
+
+
+def step_gpu_ms(make_model, inputs):
+    """The GPU's own time of an eager training step (forward, loss, backward, Adam) from a CUDA-graph replay; None on a CPU (chapter 4).
+
+    Adam is built with capturable=True, which the capture needs (its step count stays on the GPU).
+    """
+    if not torch.cuda.is_available():
+        return None
+    from .timing import gpu_time_ms
+
+    torch.manual_seed(0)
+    step = TrainStep(attach_adam(make_model(), capturable=True))
+    for _ in range(3):  # Adam's state exists before the capture
+        step(*inputs)
+    return gpu_time_ms(lambda: step(*inputs))
+
+
+def compiled_ratio(make_a, inputs_a, make_b, inputs_b, *, run, config, rounds=7, min_run_time=1.0):
+    """Two models compiled alike, timed in alternating rounds: b's speed over a's, median and range of the rounds (chapter 4)."""
+    from .timing import time_interleaved
+
+    models = []
+    for make in (make_a, make_b):
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        models.append(torch.compile(make(), **compile_kwargs(config)))
+    model_a, model_b = models
+    timed = time_interleaved({"a": lambda: run(model_a, inputs_a), "b": lambda: run(model_b, inputs_b)},
+                             rounds=rounds, min_run_time=min_run_time)
+    ratios = timed.ratios("a", "b")
+    return {"a_ms": timed.median_ms("a"), "b_ms": timed.median_ms("b"), "ratio": statistics.median(ratios),
+            "ratio_lo": min(ratios), "ratio_hi": max(ratios), "rounds": rounds}

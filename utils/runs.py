@@ -97,7 +97,7 @@ def code_text(fn, depth=3, seen=None):
         value = referenced[name]
         if isinstance(value, types.ModuleType):
             if value.__name__.split(".")[0] == "utils":  # attributes it uses of the book's library
-                for attr in sorted(names):
+                for attr in sorted(n for n in names if "." not in n):  # "a.b" is an import's module path
                     member = getattr(value, attr, None)
                     if inspect.isfunction(member) or inspect.isclass(member):
                         texts.append(code_text(member, depth - 1, seen))
