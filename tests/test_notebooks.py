@@ -225,3 +225,18 @@ def test_colab_setup_uses_the_repository_url(notebook, repository_url):
     assert urls, "the Colab set-up cell fetches no GitHub repository"
     assert all(u.removesuffix(".git") == repository_url for u in urls), \
         f"the Colab set-up cell uses {urls}, _config.yml says {repository_url}"
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=IDS)
+def test_no_warning_or_machine_path_shows_on_the_page(notebook):
+    """stderr a page shows is teaching output (logs a section asks for), never a library's warning or a GPU machine's path."""
+    shown = []
+    for i, cell in enumerate(code_cells(load(notebook))):
+        if set(cell["metadata"].get("tags", [])) & {"remove-stderr", "remove-output", "remove-cell"}:
+            continue
+        for output in cell.get("outputs", []):
+            if output.get("output_type") == "stream" and output.get("name") == "stderr":
+                text = "".join(output["text"])
+                if re.search(r"Warning\b|Traceback|/site-packages/|/opt/", text):
+                    shown.append(f"code cell {i}: {text.strip().splitlines()[0][:160]}")
+    assert not shown, "stderr the page would show; tag the cell remove-stderr:\n" + "\n".join(shown)

@@ -3,6 +3,7 @@ never started past the deadline; and utils.run_book end to end on a tiny generat
 import itertools
 import json
 import linecache
+import os
 import time
 
 import pytest
@@ -446,6 +447,14 @@ def test_run_book_full_run_writes_in_place_without_the_injected_cell(tiny, monke
     text = check_rendered(tiny["path"], "full")
     assert "parts: first measured, second measured" in text
     assert not (tiny["out"] / tiny["path"].name).exists()
+
+
+def test_run_book_simulating_a_small_gpu_never_writes_in_place(tiny, monkeypatch):
+    monkeypatch.setenv(utils.env.SIMULATE_ENV, "")  # what main() sets for the kernel is undone after the test
+    assert utils.run_book.main(["--preset", "full", "--simulate", "t4", str(tiny["path"])]) == 0
+    assert os.environ[utils.env.SIMULATE_ENV] == "t4"
+    assert tiny["path"].read_bytes() == tiny["bytes"], "a simulated run replaced the committed chapter"
+    assert (tiny["out"] / tiny["path"].name).exists()
 
 
 def test_run_book_resumes_a_chapter_over_two_commands(tiny, capsys):

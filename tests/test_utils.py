@@ -70,6 +70,43 @@ def test_choose_preset_without_a_gpu_is_smoke(monkeypatch):
     assert chosen == "smoke" and "no CUDA GPU" in why
 
 
+@pytest.fixture
+def fake_h200(monkeypatch):
+    """A CPU machine that reports an H200, recording the memory cap asked of it; compile_threads restored after."""
+    import torch._inductor.config as inductor_config
+
+    caps, threads = [], inductor_config.compile_threads
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i=0: fake_gpu("NVIDIA H200", 150.0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=None: "NVIDIA H200")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=None: (9, 0))
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, device=None: caps.append(f))
+    yield caps
+    inductor_config.compile_threads = threads  # not monkeypatch: undoing it would delete the config entry
+
+
+def test_a_simulated_t4_on_an_h200_gets_the_colab_preset_fp16_and_two_compile_threads(monkeypatch, fake_h200):
+    import torch._inductor.config as inductor_config
+
+    caps = fake_h200
+    assert utils.choose_preset()[0] == "full" and not caps
+    monkeypatch.setenv(utils.env.SIMULATE_ENV, "t4")
+    chosen, why = utils.choose_preset()
+    assert chosen == "colab" and "Tesla T4 (simulated on NVIDIA H200)" in why
+    assert caps == [pytest.approx(0.1)], "memory is capped to the T4's 15 GB of the H200's 150"
+    assert inductor_config.compile_threads == 2
+    assert utils.pick_dtype("cuda") == torch.float16, "a T4 has no fast bf16"
+    assert utils.gpu_name() == "Tesla T4 (simulated on NVIDIA H200)"
+    assert utils.gpu_slug() != "h200", "a simulated run must not store its parts with the H200's"
+    assert utils.provenance()["capability"] == "7.5"
+
+
+def test_an_unknown_simulated_gpu_is_a_clear_error(monkeypatch, fake_h200):
+    monkeypatch.setenv(utils.env.SIMULATE_ENV, "v100")
+    with pytest.raises(ValueError, match="BOOK_SIMULATE_GPU='v100': choose one of t4"):
+        utils.choose_preset()
+
+
 def test_pick_preset_falls_back_to_a_smaller_preset_and_says_so():
     presets = {"smoke": {"n": 1}, "workshop": {"n": 2}, "full": {"n": 3}}
     assert utils.pick_preset("auto", presets, props=fake_gpu("NVIDIA H200", 150))[:2] == ("full", {"n": 3})

@@ -5,10 +5,14 @@ import platform
 import re
 import subprocess
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+SIMULATE_ENV = "BOOK_SIMULATE_GPU"  # e.g. "t4": a big GPU runs a chapter as if it were that small one
+# What a small GPU offers that the chapters' choices depend on (memory a process can use, SMs, capability).
+SMALL_GPUS = {"t4": {"name": "Tesla T4", "memory_gb": 15, "sms": 40, "capability": (7, 5)}}
 
 
 def pick_device():
@@ -20,8 +24,32 @@ def pick_dtype(device):
     """bf16 on GPUs of compute capability >= 8, fp16 on older GPUs (T4), fp32 on CPU (chapter 1)."""
     if device == "cpu":
         return torch.float32
-    major, _ = torch.cuda.get_device_capability()
+    small = simulated_gpu()
+    major, _ = small["capability"] if small else torch.cuda.get_device_capability()
     return torch.bfloat16 if major >= 8 else torch.float16
+
+
+def simulated_gpu():
+    """The small GPU this run stands in for ($BOOK_SIMULATE_GPU, e.g. t4), or None (chapter 1)."""
+    key = os.environ.get(SIMULATE_ENV, "").strip().lower()
+    if not key:
+        return None
+    if key not in SMALL_GPUS:
+        raise ValueError(f"{SIMULATE_ENV}={key!r}: choose one of {', '.join(SMALL_GPUS)}")
+    return SMALL_GPUS[key]
+
+
+def simulate_small_gpu(small):
+    """Cap this process's GPU memory, compile on two threads: a big GPU acts as `small`; its fake properties (chapter 1)."""
+    import torch._inductor.config as inductor_config
+
+    real = torch.cuda.get_device_properties(0)
+    limit = small["memory_gb"] * 1e9
+    torch.cuda.set_per_process_memory_fraction(min(1.0, limit / real.total_memory))
+    inductor_config.compile_threads = 2  # Colab's two vCPUs
+    return SimpleNamespace(name=f"{small['name']} (simulated on {real.name})", total_memory=limit,
+                           multi_processor_count=small["sms"], major=small["capability"][0],
+                           minor=small["capability"][1])
 
 
 FULL_GPU_GB = 75  # an 80 GB card reports a little less
@@ -36,7 +64,8 @@ def choose_preset(props=None):
     if props is None:
         if not torch.cuda.is_available():
             return "smoke", "no CUDA GPU: the smoke sizes check that every cell works on a CPU"
-        props = torch.cuda.get_device_properties(0)
+        small = simulated_gpu()
+        props = simulate_small_gpu(small) if small else torch.cuda.get_device_properties(0)
     gb = props.total_memory / 1e9
     if gb >= FULL_GPU_GB:
         return "full", f"{props.name} has {gb:.0f} GB: the published sizes fit"
@@ -70,8 +99,11 @@ def resolve_preset(preset, presets, device=None):
 
 
 def gpu_name():
-    """The GPU's name as the driver reports it, or 'cpu' (chapter 1)."""
-    return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    """The GPU's name as the driver reports it (or the small GPU it stands in for), or 'cpu' (chapter 1)."""
+    if not torch.cuda.is_available():
+        return "cpu"
+    small = simulated_gpu()
+    return f"{small['name']} (simulated on {torch.cuda.get_device_name()})" if small else torch.cuda.get_device_name()
 
 
 def gpu_slug(name=None):
@@ -103,7 +135,8 @@ def provenance(preset=None):
     cuda = torch.cuda.is_available()
     return {
         "gpu": gpu_name(),
-        "capability": ".".join(map(str, torch.cuda.get_device_capability())) if cuda else None,
+        "capability": ".".join(map(str, (simulated_gpu() or {}).get("capability") or
+                                    torch.cuda.get_device_capability())) if cuda else None,
         "torch": torch.__version__,
         "triton": triton_version,
         "python": platform.python_version(),

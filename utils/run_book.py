@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .env import REPO_ROOT
+from .env import REPO_ROOT, SIMULATE_ENV, SMALL_GPUS
 
 NOTEBOOKS = REPO_ROOT / "notebooks"
 DEFAULT_OUT = REPO_ROOT / "_build" / "executed"
@@ -132,7 +132,8 @@ def run_chapter(notebook, preset, out_dir=None, *, resume=False, seconds=None, t
     """Run one chapter and put it where it belongs: in place for a full run, else under out_dir; returns where (chapter 1)."""
     notebook = Path(notebook).resolve()
     resolved = auto_preset() if preset == "auto" else preset
-    in_place = out_dir is None and resolved == "full"
+    simulated = bool(os.environ.get(SIMULATE_ENV))  # a run as a small GPU never replaces the published one
+    in_place = out_dir is None and resolved == "full" and not simulated
     target_dir = Path(out_dir) if out_dir else (notebook.parent if in_place else DEFAULT_OUT)
     work_dir = DEFAULT_OUT / "work"  # the run writes here; a failed run stays here to be read
     executed = execute(notebook, preset, work_dir, timeout, seconds=seconds, resume=resume)
@@ -156,7 +157,12 @@ def main(argv=None):
                         help="store each measured part as it finishes and reuse stored ones")
     parser.add_argument("--max-seconds", type=float,
                         help="with --resume: stop starting parts after this many seconds; run again to go on")
+    parser.add_argument("--simulate", choices=sorted(SMALL_GPUS),
+                        help="run as if on this small GPU (memory capped, its dtype, two compile threads); "
+                             "the copies go under --out, never in place")
     args = parser.parse_args(argv)
+    if args.simulate:
+        os.environ[SIMULATE_ENV] = args.simulate  # the kernel inherits it
     if args.max_seconds and not args.resume:
         parser.error("--max-seconds needs --resume (a run stopped without it keeps nothing)")
     notebooks = [Path(nb) for nb in args.notebooks] or sorted(NOTEBOOKS.glob("[0-9]*.ipynb"))

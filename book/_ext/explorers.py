@@ -44,15 +44,8 @@ def add_vega(app, pagename, templatename, context, doctree):
 
 
 def chapter_rows(repo, chapter):
-    """Every committed measurement of one chapter, each with the GPU it ran on."""
-    benchmarks = load_benchmarks()
-    rows = []
-    for path in benchmarks.results_files(Path(repo) / "results"):
-        if path.stem == chapter:
-            data = benchmarks.read_results(path)
-            gpu = data["provenance"].get("gpu") or path.parent.name
-            rows += [{**row, "gpu": gpu} for row in data["measurements"]]
-    return rows
+    """Every committed measurement of one chapter, each with the GPU it ran on (the benchmarks page's rows)."""
+    return [row for row in load_benchmarks().gather(Path(repo) / "results") if row["stem"] == chapter]
 
 
 class ExplorerDirective(Directive):
