@@ -4,7 +4,6 @@ import os
 import pytest
 import torch
 
-import utils
 from utils import llm
 
 TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=1, head_dim=8,
@@ -148,9 +147,46 @@ def test_compile_cache_sets_and_restores_folders(tmp_path, monkeypatch):
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == "/somewhere/else" and "TRITON_CACHE_DIR" not in os.environ
 
 
-def test_budget():
-    budget = utils.Budget(100)
-    assert budget.allows(50) and not budget.allows(200) and budget.spent() >= 0
+def test_round_speedup_is_the_median_of_per_round_ratios():
+    speedup, lo, hi = llm.round_speedup([10.0, 12.0, 9.0, -1.0], [5.0, 4.0, 4.5, 2.0])  # a round <= 0 is left out
+    assert (speedup, lo, hi) == (pytest.approx(2.0), pytest.approx(2.0), pytest.approx(3.0))
+    assert llm.round_speedup([0.0], [1.0]) == (None, None, None)
+
+
+def test_decode_rounds_times_each_run_as_generation_and_prefill(tiny):
+    prompt = llm.make_prompt(1, 5, TINY["vocab_size"])
+    calls = []
+
+    def run(n):
+        calls.append(n)
+        return llm.hf_generate(tiny, prompt, n)
+
+    timed = llm.decode_rounds({"eager": run}, 4, rounds=3, min_run_time=0.05)
+    assert set(calls) == {1, 4}
+    row = timed["eager"]
+    assert len(row["step_ms_rounds"]) == 3 and row["median_ms"] > 0 and row["prefill_ms"] > 0
+    assert row["tok_s"] == llm.decode_tok_s(row["median_ms"], row["prefill_ms"], 4)
+
+
+def test_compile_counts_count_graphs_and_breaks():
+    def f(x):
+        x = x + 1
+        torch._dynamo.graph_break()
+        return x * 2
+
+    torch._dynamo.reset()
+    llm.reset_counts()
+    torch.compile(f, backend="eager")(torch.ones(3))
+    counts = llm.compile_counts()
+    assert counts["graphs"] == 2 and counts["graph_breaks"] >= 1
+    llm.reset_counts()
+    assert llm.compile_counts()["graphs"] == 0
+    torch._dynamo.reset()
+
+
+def test_h200_ridge_point():
+    ridge = llm.H200_BF16_FLOPS / llm.H200_MEMORY_BYTES_S  # FLOP per byte
+    assert 200 < ridge < 210 and 100 < ridge / 2 < 105  # about a hundred multiply-adds per byte
 
 
 def test_plot_and_panel_build():

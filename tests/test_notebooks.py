@@ -18,6 +18,9 @@ SMOKE_CELL_TIMEOUT_S = 1800
 SMOKE_PRINTS = {
     "02c_training_profiles": [r"eager: done", r"regional: done",  # the profiles measured (nothing stored in smoke)
                               r"batch 2: measuring, with \d+ s left for it", r"batch 4: measured"],
+    "03_inference": [r"loop-default:\s+[\d,.]+ tok/s = .* of the roofline, [\d.]+x eager in the same rounds",
+                     r"loop-cudagraphs-cd: skipped: CUDA graphs",  # the GPU-only variant says so on a CPU
+                     r"mark_dynamic: first call \(s\) at lengths"],  # the recompile study ran
     "05b_diffusion_serving": [r"hotswap: swap .* 0 new graph",  # hotswap kept the compiled blocks
                               r"dynamic=None \(default\) at\s+\d+: 1 new graph",
                               r"dynamic=True at\s+\d+: 1 new graph",

@@ -8,15 +8,21 @@ from pathlib import Path
 
 import torch
 
+from .compare import failure_reason as failure  # noqa: F401 (re-exported for chapter 3)
 from .compiler import compile_cache, free_compiled, is_oom  # noqa: F401 (re-exported for chapter 3)
 from .glue import glue_num  # noqa: F401 (re-exported for chapter 3)
 from .kernels import (KERNEL_CATEGORIES, TRAINING_CATEGORIES, gpu_kernels, kernel_category,  # noqa: F401 (re-exported
                       time_by_category)  # for chapters 3 and 2c)
-from .timing import time_fn
+from .timing import quantiles, time_fn, time_interleaved
 
 # The Gemma-2B architecture (google/gemma-2b's config.json), for GemmaConfig(**GEMMA_2B).
 GEMMA_2B = dict(hidden_size=2048, num_hidden_layers=18, num_attention_heads=8, num_key_value_heads=1,
                 head_dim=256, intermediate_size=16384, vocab_size=256000, max_position_embeddings=8192)
+
+
+# NVIDIA's H200 data sheet (https://www.nvidia.com/en-us/data-center/h200/): dense bf16 arithmetic, HBM3e bandwidth.
+H200_BF16_FLOPS = 989e12
+H200_MEMORY_BYTES_S = 4.8e12
 
 
 def gemma_config(**sizes):
@@ -388,3 +394,47 @@ def plot_vs_roofline(rows, ax=None, title="decode tokens/s against the memory-ba
     ax.legend(fontsize="small", loc="upper left")
     ax.figure.tight_layout()
     return ax
+
+
+def reset_counts():
+    """Clear Dynamo's and Inductor's counters before a compile whose graphs are counted (chapter 3)."""
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+
+
+def compile_counts():
+    """Graphs compiled, graph breaks and CUDA-graph skips since reset_counts() (chapter 3)."""
+    from torch._dynamo.utils import counters
+
+    return {"graphs": counters["stats"]["unique_graphs"], "graph_breaks": sum(counters["graph_break"].values()),
+            "cudagraph_skips": counters["inductor"]["cudagraph_skips"]}
+
+
+def decode_rounds(runs, new_tokens, *, rounds=5, min_run_time=1.0, batch=1):
+    """Decode tok/s of several run(n) timed in alternating rounds, each as a whole generation and as its prefill (chapter 3).
+
+    runs: {name: run}, run(n) generating n new tokens. For each name: the medians of the whole generation and of
+    the prefill alone (n = 1), decode tok/s from them, and the per-round milliseconds of one decode step
+    ((whole - prefill) / (new_tokens - 1)), from which round_speedup takes per-round ratios.
+    """
+    fns = {}
+    for name, run in runs.items():
+        fns[name] = lambda run=run: run(new_tokens)
+        fns[f"{name} (prefill)"] = lambda run=run: run(1)
+    timed = time_interleaved(fns, rounds=rounds, min_run_time=min_run_time, warmup=1)
+    out = {}
+    for name in runs:
+        full, pre = timed.median_ms(name), timed.median_ms(f"{name} (prefill)")
+        steps = [(f - p) / (new_tokens - 1) for f, p in zip(timed.ms[name], timed.ms[f"{name} (prefill)"])]
+        out[name] = {"median_ms": full, "prefill_ms": pre, "tok_s": decode_tok_s(full, pre, new_tokens, batch),
+                     "step_ms_rounds": steps}
+    return out
+
+
+def round_speedup(slow_steps, fast_steps):
+    """(median, min, max) of the per-round ratios slow / fast; rounds with a step time <= 0 are left out (chapter 3)."""
+    ratios = [s / f for s, f in zip(slow_steps, fast_steps) if s > 0 and f > 0]
+    if not ratios:
+        return None, None, None
+    return quantiles(ratios, (0.5,))[0], min(ratios), max(ratios)
