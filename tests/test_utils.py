@@ -535,7 +535,7 @@ TABLE_ROWS = [
     {"workload": "batch 1", "variant": "eager", "median_ms": 2.0, "speedup": 1.0, "speedup_lo": 1.0,
      "speedup_hi": 1.0, "compile_s": 0.0, "status": "ok"},
     {"workload": "batch 1", "variant": "default", "median_ms": 1.25, "speedup": 1.6, "speedup_lo": 1.42,
-     "speedup_hi": 1.75, "compile_s": 12.5, "gpu_ms": None, "status": "ok"},
+     "speedup_hi": 1.75, "eager_ms": 2.0, "compile_s": 12.5, "gpu_ms": None, "status": "ok"},
     {"workload": "batch 1", "variant": "reduce-overhead", "status": "failed", "reason": "out of GPU memory <8 GB>"},
     {"workload": "batch 1", "variant": "max-autotune", "status": "skipped", "reason": "needs a GPU"},
 ]
@@ -555,12 +555,12 @@ def test_table_renders_html_with_a_row_per_measurement():
 
     root, rows = parsed_table(Table(TABLE_ROWS, COLUMNS))
     headers = [th.text for th in root.findall("./thead/tr/th")]
-    assert headers[:4] == ["workload", "variant", "median ms", "speedup"] and len(headers) == len(COLUMNS)
+    assert headers[:5] == ["workload", "variant", "median ms", "eager ms", "speedup"] and len(headers) == len(COLUMNS)
     assert len(rows) == 4
     default = [td.text for td in rows[1]]
-    assert default[:4] == ["batch 1", "default", "1.25", "1.60x (1.42-1.75)"]  # the speedup with its range
+    assert default[:5] == ["batch 1", "default", "1.25", "2.00", "1.60x (1.42-1.75)"]  # eager of the same rounds, the speedup with its range
     assert default[COLUMNS.index("gpu_ms")] == "-"  # not measured: a dash, not 0
-    assert [td.text for td in rows[0]][3] == "1.00x"  # no range where there is no spread
+    assert [td.text for td in rows[0]][3:5] == ["-", "1.00x"]  # eager has no eager beside it; no range without spread
 
 
 def test_table_failed_row_spans_the_columns_with_its_reason():
@@ -571,7 +571,7 @@ def test_table_failed_row_spans_the_columns_with_its_reason():
         cells = list(row)
         assert [c.text for c in cells] == ["batch 1", row[1].text, text]  # escaped in the HTML, read back whole
         assert sum(int(c.get("colspan", 1)) for c in cells) == len(COLUMNS)
-    assert 'colspan="8">failed: out of GPU memory &lt;8 GB&gt;</td>' in Table(TABLE_ROWS, COLUMNS)._repr_html_()
+    assert 'colspan="9">failed: out of GPU memory &lt;8 GB&gt;</td>' in Table(TABLE_ROWS, COLUMNS)._repr_html_()
 
 
 def test_table_as_text_lines_up_and_says_why():

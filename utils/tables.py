@@ -67,7 +67,7 @@ class Table:
         return len(cells) > 3 and cells[3:] == [""] * (len(cells) - 3)
 
 
-COLUMNS = ("workload", "variant", "median_ms", "speedup", "gpu_ms", "compile_s", "peak_mem_gb", "graph_breaks",
+COLUMNS = ("workload", "variant", "median_ms", "eager_ms", "speedup", "gpu_ms", "compile_s", "peak_mem_gb", "graph_breaks",
            "recompiles", "max_abs_err")
 
 
