@@ -78,12 +78,17 @@ def gather(root):
 
 
 def toc_chapters(repo):
-    """The files of _toc.yml's 'Chapters' part, e.g. 'notebooks/01_mechanism' (benchmarks page)."""
+    """The files of _toc.yml's 'Chapters' part, companions nested under a chapter included (benchmarks page)."""
     import yaml
 
+    def files(entries):
+        for entry in entries:
+            yield entry["file"]
+            yield from files(entry.get("sections", []))
+
     toc = yaml.safe_load((Path(repo) / "_toc.yml").read_text())
-    return [c["file"] for part in toc.get("parts", []) if part.get("caption") == "Chapters"
-            for c in part.get("chapters", [])]
+    return [f for part in toc.get("parts", []) if part.get("caption") == "Chapters"
+            for f in files(part.get("chapters", []))]
 
 
 def check_every_chapter_has_results(chapters, root):
