@@ -17,7 +17,7 @@ from .tables import cell_text
 SKIPPED_FOLDERS = {"cpu"}  # smoke and CPU runs of the runner (git-ignored), not results of record
 PAGE = Path("book") / "benchmarks.md"
 SOURCES = Path("book") / "_data" / "benchmarks.yml"
-FLOORS = (("floor_frac", "of floor"), ("roofline_frac", "of roofline"), ("mfu", "MFU"))
+FLOORS = (("floor_frac", "of floor"), ("roofline_frac", "of roofline"), ("mfu_spec", "MFU"))
 OVERHEAD, COMPUTE, MIXED, UNKNOWN = "overhead-bound", "compute-bound", "in between", "GPU time not measured"
 
 
