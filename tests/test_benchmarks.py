@@ -84,6 +84,18 @@ def test_headline_is_the_fastest_compiled_variant_with_dashes_for_what_was_not_m
     assert regimes == {"step": benchmarks.OVERHEAD, "decode": benchmarks.UNKNOWN}
 
 
+def test_a_companion_nested_under_its_chapter_is_on_the_page_and_needs_its_results(tmp_path):
+    repo = make_repo(tmp_path, {"h200/01_a.json": results_text(GOOD), "h200/01b_c.json": results_text(GOOD)})
+    toc = yaml.safe_load((repo / "_toc.yml").read_text())
+    toc["parts"][0]["chapters"] = [{"file": "notebooks/01_a", "sections": [{"file": "notebooks/01b_c"}]}]
+    (repo / "_toc.yml").write_text(yaml.safe_dump(toc))
+    assert benchmarks.toc_chapters(repo) == ["notebooks/01_a", "notebooks/01b_c"]
+    assert "[1b](../notebooks/01b_c.ipynb)" in benchmarks.page_markdown(repo)
+    (repo / "results" / "h200" / "01b_c.json").unlink()
+    with pytest.raises(benchmarks.ResultsError, match="01b_c.json"):
+        benchmarks.page_markdown(repo)
+
+
 def test_every_gpu_folder_is_read_and_gets_a_menu(tmp_path):
     repo = make_repo(tmp_path, {"h200/01_a.json": results_text(GOOD),
                                 "a100/01_a.json": results_text(GOOD[:2], gpu="NVIDIA A100"),

@@ -116,14 +116,6 @@ def test_draft_has_the_chapter_shape(repository_url):
     assert "experimental" in prose and "fail_on_recompile" in prose
 
 
-def test_draft_prose_has_no_hand_typed_numbers():
-    from test_prose import digits_in_prose
-
-    nb = json.loads(NOTEBOOK.read_text())
-    found = [hit for c in nb["cells"] if c["cell_type"] == "markdown" for hit in digits_in_prose("".join(c["source"]))]
-    assert not found, found
-
-
 @pytest.mark.slow
 def test_draft_runs_in_smoke_preset_on_cpu(tmp_path, monkeypatch):
     from test_notebooks import run_draft_smoke

@@ -1,5 +1,8 @@
 """Chapter 3's helpers (utils/llm.py): roofline arithmetic, offline loading, greedy decoding against generate."""
+import json
 import os
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -263,3 +266,95 @@ def test_kernel_categories_and_trace_parsing(tmp_path):
     assert set(totals) == set(llm.KERNEL_CATEGORIES)
     assert totals["matmul (Triton)"] == 30 and totals["other"] == 2 and totals["attention"] == 8
     assert sum(totals.values()) == 40
+
+
+# --- 3b: weight-only int8 and the Llama shapes -------------------------------------------------------
+
+LLAMA_TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                  intermediate_size=64, vocab_size=128, max_position_embeddings=256)
+
+
+def test_llama_3_8b_shape_has_eight_billion_parameters():
+    model = llm.build_model(llm.llama_config(**llm.LLAMA3_8B), "meta", torch.bfloat16)
+    assert sum(p.numel() for p in model.parameters()) == 8_030_261_248  # Meta-Llama-3-8B's count
+    embedding = llm.LLAMA3_8B["vocab_size"] * llm.LLAMA3_8B["hidden_size"]
+    norms = (2 * llm.LLAMA3_8B["num_hidden_layers"] + 1) * llm.LLAMA3_8B["hidden_size"]
+    assert llm.matmul_weight_bytes(model) == 2 * (8_030_261_248 - embedding - norms)  # untied: the table is not read
+    tied = llm.build_model(llm.llama_config(**llm.LLAMA32_1B), "meta", torch.bfloat16)
+    assert tied.lm_head.weight is tied.model.embed_tokens.weight
+
+
+def test_int8_linear_is_close_to_the_linear_it_replaces():
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(64, 48, bias=True)
+    quantized = llm.Int8Linear(linear)
+    assert quantized.weight.dtype == torch.int8 and quantized.scale.shape == (48,)
+    assert quantized.weight.abs().amax(dim=1).eq(127).all()  # every row uses the full range
+    x = torch.randn(5, 64)
+    error = (quantized(x) - linear(x)).abs().max() / linear(x).abs().max()
+    assert 0 < error < 0.02
+
+
+def test_quantize_int8_replaces_every_linear_and_halves_the_bytes():
+    model = llm.build_model(llm.llama_config(**LLAMA_TINY, initializer_range=0.3), "cpu", torch.bfloat16)
+    original = llm.matmul_weight_bytes(model)
+    llm.quantize_int8(model)
+    assert not any(isinstance(m, torch.nn.Linear) for m in model.modules())
+    assert sum(isinstance(m, llm.Int8Linear) for m in model.modules()) == 7 * LLAMA_TINY["num_hidden_layers"] + 1
+    rows = sum(m.weight.shape[0] for m in model.modules() if isinstance(m, llm.Int8Linear))
+    assert llm.matmul_weight_bytes(model) == original // 2 + 2 * rows  # one byte a weight, a bf16 scale a row
+
+
+def test_int8_model_decodes_with_the_compiled_loop():
+    model = llm.build_model(llm.llama_config(**LLAMA_TINY, initializer_range=0.3), "cpu", torch.float32)
+    quantized = llm.quantize_int8(llm.build_model(llm.llama_config(**LLAMA_TINY, initializer_range=0.3), "cpu",
+                                                  torch.float32))
+    prompt = llm.make_prompt(1, 6, LLAMA_TINY["vocab_size"], seed=2)
+    with torch.no_grad():
+        eager = llm.greedy_decode(llm.make_prefill(quantized), llm.make_step(quantized), prompt,
+                                  llm.static_cache(quantized, 16), 8)
+        step = torch.compile(llm.make_step(quantized), fullgraph=True, backend="aot_eager")
+        compiled = llm.greedy_decode(llm.make_prefill(quantized), step, prompt, llm.static_cache(quantized, 16), 8)
+        reference = llm.hf_generate(model, prompt, 8)[:, 6:]
+    assert torch.equal(compiled, eager)
+    assert llm.leading_agreement(eager, reference) >= 1  # int8 starts where the original weights do
+    torch._dynamo.reset()
+
+
+def test_fused_decoder_matches_generate_on_llama():
+    model = llm.build_model(llm.llama_config(**LLAMA_TINY, initializer_range=0.3), "cpu", torch.float32)
+    prompt = llm.make_prompt(1, 5, LLAMA_TINY["vocab_size"], seed=1)
+    with torch.no_grad():
+        reference = llm.hf_generate(model, prompt, 8)[:, 5:]
+        decoder = llm.FusedDecoder(model, batch=1, max_len=13)
+        assert torch.equal(llm.fused_greedy_decode(decoder, llm.make_fused_step(decoder), prompt, 8), reference)
+
+
+def test_generated_code_summary_counts_kernels_and_external_matmuls():
+    code = ("@triton.jit\ndef triton_poi_fused__to_copy_0(...):\n    ...\n"
+            "@triton.jit\ndef triton_red_fused_mul_sum_1(...):\n    ...\n"
+            "        extern_kernels.mm(buf0, reinterpret_tensor(arg1_1, (64, 48)), out=buf1)\n"
+            "        extern_kernels.addmm(arg2_1, buf1, arg3_1, alpha=1, beta=1, out=buf2)\n")
+    assert llm.generated_code_summary(code) == {"triton_kernels": 2, "extern_matmuls": 2}
+    assert llm.generated_code_summary("") == {"triton_kernels": 0, "extern_matmuls": 0}
+
+
+def test_draft_3b_has_the_chapter_shape(repository_url):
+    from test_notebooks import check_draft_shape
+    path = Path(__file__).resolve().parents[1] / "notebooks" / "draft-03b_quantized_decode.ipynb"
+    code, prose = check_draft_shape(path, repository_url)
+    assert 'utils.Run("03b_quantized_decode", PRESET_NAME, P)' in code and "run.part(" in code
+    assert "coordinate_descent_tuning" in prose and "run_and_get_code" in prose  # its digits: test_prose
+
+
+@pytest.mark.slow
+def test_draft_3b_runs_in_smoke_preset_on_cpu(tmp_path, monkeypatch):
+    from test_notebooks import run_draft_smoke
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    path = Path(__file__).resolve().parents[1] / "notebooks" / "draft-03b_quantized_decode.ipynb"
+    nb, text = run_draft_smoke(path, tmp_path)
+    assert re.search(r"loop-default:\s+[\d,.]+ tok/s = .* of its roofline, [\d.]+x eager loop", text)
+    assert re.search(r"int8-default:\s+[\d,.]+ tok/s = .* of its roofline, [\d.]+x loop-default", text)
+    assert "int8-cudagraphs-cd: skipped: coordinate-descent tuning" in text  # the GPU-only variant says so
+    assert re.search(r"same next token in [\d.]+% of the steps", text)

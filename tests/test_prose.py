@@ -2,7 +2,7 @@
 
 The book's numbers come from the run (myst-nb `{glue:text}` roles filled from the committed
 outputs), never typed by hand, so that the prose cannot disagree with the measurements beside it.
-`digits_in_prose` enforces that on every markdown cell of every chapter, notebooks/[0-9]*.ipynb:
+`digits_in_prose` enforces that on every markdown cell of every notebook, chapters and drafts:
 it reports each digit (0-9) the reader would see in running prose. A digit is allowed only in:
 
 1. a glue role, {glue}`name` or {glue:text}`name` (any {glue:...} form), and any other MyST role,
@@ -46,7 +46,7 @@ import pytest
 
 from conftest import REPO
 
-NOTEBOOKS = sorted((REPO / "notebooks").glob("[0-9]*.ipynb"))
+NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))  # the chapters and the drafts of the next ones
 IDS = [nb.stem for nb in NOTEBOOKS]
 
 # Letters right after an integer that make it a measured quantity, not a name ("5x", "16GB", "2nd").

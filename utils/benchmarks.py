@@ -17,7 +17,7 @@ from .tables import cell_text
 SKIPPED_FOLDERS = {"cpu"}  # smoke and CPU runs of the runner (git-ignored), not results of record
 PAGE = Path("book") / "benchmarks.md"
 SOURCES = Path("book") / "_data" / "benchmarks.yml"
-FLOORS = (("floor_frac", "of floor"), ("roofline_frac", "of roofline"), ("mfu", "MFU"))
+FLOORS = (("floor_frac", "of floor"), ("roofline_frac", "of roofline"), ("mfu_spec", "MFU"))
 OVERHEAD, COMPUTE, MIXED, UNKNOWN = "overhead-bound", "compute-bound", "in between", "GPU time not measured"
 
 
@@ -78,12 +78,17 @@ def gather(root):
 
 
 def toc_chapters(repo):
-    """The files of _toc.yml's 'Chapters' part, e.g. 'notebooks/01_mechanism' (benchmarks page)."""
+    """The files of _toc.yml's 'Chapters' part, companions nested under a chapter included (benchmarks page)."""
     import yaml
 
+    def files(entries):
+        for entry in entries:
+            yield entry["file"]
+            yield from files(entry.get("sections", []))
+
     toc = yaml.safe_load((Path(repo) / "_toc.yml").read_text())
-    return [c["file"] for part in toc.get("parts", []) if part.get("caption") == "Chapters"
-            for c in part.get("chapters", [])]
+    return [f for part in toc.get("parts", []) if part.get("caption") == "Chapters"
+            for f in files(part.get("chapters", []))]
 
 
 def check_every_chapter_has_results(chapters, root):

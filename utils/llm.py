@@ -19,6 +19,13 @@ from .timing import quantiles, time_fn, time_interleaved
 GEMMA_2B = dict(hidden_size=2048, num_hidden_layers=18, num_attention_heads=8, num_key_value_heads=1,
                 head_dim=256, intermediate_size=16384, vocab_size=256000, max_position_embeddings=8192)
 
+# The Llama-3-8B architecture (meta-llama/Meta-Llama-3-8B's config.json), for LlamaConfig(**LLAMA3_8B), and the
+# smaller Llama-3.2-1B (its embedding tied to the output layer), for GPUs of 16-24 GB.
+LLAMA3_8B = dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                 head_dim=128, intermediate_size=14336, vocab_size=128256, max_position_embeddings=8192)
+LLAMA32_1B = dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
+                  head_dim=64, intermediate_size=8192, vocab_size=128256, max_position_embeddings=8192,
+                  tie_word_embeddings=True)
 
 # NVIDIA's H200 data sheet (https://www.nvidia.com/en-us/data-center/h200/): dense bf16 arithmetic, HBM3e bandwidth.
 H200_BF16_FLOPS = 989e12
@@ -30,6 +37,15 @@ def gemma_config(**sizes):
     from transformers import GemmaConfig
 
     config = GemmaConfig(**sizes)
+    config._attn_implementation = "sdpa"
+    return config
+
+
+def llama_config(**sizes):
+    """A LlamaConfig from sizes (hidden_size, num_hidden_layers, ...), SDPA attention (chapter 3b)."""
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(**sizes)
     config._attn_implementation = "sdpa"
     return config
 
@@ -289,6 +305,49 @@ def weight_bytes(model):
 def linear_weight_bytes(model):
     """Bytes of every nn.Linear weight, a tied lm_head included: what a decode step's matmuls read (chapter 3)."""
     return sum(m.weight.numel() * m.weight.element_size() for m in model.modules() if isinstance(m, torch.nn.Linear))
+
+
+class Int8Linear(torch.nn.Module):
+    """nn.Linear with int8 weights and one scale per output row: weight-only quantization, as gpt-fast does it (chapter 3b)."""
+
+    def __init__(self, linear):
+        super().__init__()
+        weight = linear.weight.detach().float()
+        scale = weight.abs().amax(dim=1).clamp(min=1e-12) / 127  # symmetric: the row's largest |w| becomes 127
+        self.register_buffer("weight", torch.round(weight / scale[:, None]).to(torch.int8))
+        self.register_buffer("scale", scale.to(linear.weight.dtype))
+        self.bias = linear.bias
+
+    def forward(self, x):
+        out = torch.nn.functional.linear(x, self.weight.to(x.dtype)) * self.scale  # dequantize, multiply, rescale
+        return out if self.bias is None else out + self.bias
+
+
+def quantize_int8(model):
+    """Replace every nn.Linear of model (in place) by an Int8Linear; returns model (chapter 3b)."""
+    for name, child in model.named_children():
+        if isinstance(child, torch.nn.Linear):
+            setattr(model, name, Int8Linear(child))
+        else:
+            quantize_int8(child)
+    return model
+
+
+def matmul_weight_bytes(model):
+    """Bytes of the weights a decode step's products read: nn.Linear weights, Int8Linear weights and scales (chapter 3b)."""
+    total = 0
+    for module in model.modules():
+        if isinstance(module, torch.nn.Linear):
+            total += module.weight.numel() * module.weight.element_size()
+        elif isinstance(module, Int8Linear):
+            total += sum(t.numel() * t.element_size() for t in (module.weight, module.scale))
+    return total
+
+
+def generated_code_summary(code):
+    """How Inductor lowered a graph, from its generated code: Triton kernels defined, calls to external matmuls (chapter 3b)."""
+    return {"triton_kernels": code.count("@triton.jit"),
+            "extern_matmuls": sum(code.count(f"extern_kernels.{op}(") for op in ("mm", "addmm", "bmm"))}
 
 
 def kv_cache_bytes(config, batch, length, dtype):
