@@ -1,5 +1,6 @@
-"""Chapter 7: the cold-start worker in fresh processes, and the FastAPI server on the CPU (start, good and bad
-requests, restart). Tiny models (the smoke preset); the session's warm inductor cache (tests/conftest.py)."""
+"""Chapter 7: the cold-start worker in fresh processes, the FastAPI server on the CPU (start, good and bad
+requests, restart), and the break-even helpers of "When not to compile". Tiny models (the smoke preset);
+the session's warm inductor cache (tests/conftest.py)."""
 import json
 import os
 import subprocess
@@ -8,7 +9,9 @@ import sys
 import pytest
 
 from conftest import REPO
-from utils import cold_start, serve_app, serving
+from utils import break_even, cold_start, serve_app, serving
+from utils.benchmarks import ResultsError
+from utils.compare import break_even_calls
 
 NOTEBOOK = REPO / "notebooks" / "draft-07_deployment.ipynb"
 CACHE = os.environ["TORCHINDUCTOR_CACHE_DIR"]
@@ -106,6 +109,166 @@ def test_server_restarts_warm_after_a_kill(server):
         serving.stop(again)
 
 
+# --- when not to compile: the break-even helpers (section 5) ---------------------------------------------
+
+def test_calls_to_repay_is_the_break_even_or_says_why_not():
+    assert break_even.calls_to_repay(6.0, 2.0, 1.4) == pytest.approx(break_even_calls(6.0, 2.0, 1.4)) == \
+        pytest.approx(10_000)
+    assert break_even.calls_to_repay(6.0, 2.0, 2.0) is None and break_even.calls_to_repay(6.0, 2.0, 2.5) is None
+    assert break_even.calls_to_repay(-1.0, 2.0, 1.0) == 0.0 and break_even.calls_to_repay(0.0, 2.0, 1.0) == 0.0
+    assert break_even.calls_to_repay(None, 2.0, 1.0) is None
+
+
+def test_job_totals_meet_at_the_break_even():
+    calls = break_even.calls_to_repay(40.0, 26.0, 7.0)  # the arithmetic of the exercise ex-deploy-breakeven
+    assert calls == pytest.approx(2105.26, abs=0.01)
+    assert break_even.job_seconds(calls, 26.0) == pytest.approx(break_even.job_seconds(calls, 7.0, 40.0))
+    assert break_even.job_seconds(2000, 26.0) == pytest.approx(52.0)
+    assert break_even.job_seconds(2000, 7.0, 40.0) == pytest.approx(54.0)
+    assert break_even.calls_to_repay(8.0, 26.0, 7.0) == pytest.approx(421.05, abs=0.01)
+    assert [break_even.calls_text(c) for c in (None, 0.0, 17803.9)] == ["never", "0", "17,804"]
+    assert break_even.calls_text(5.0, measured=False) == "-"
+    assert break_even.break_even_text(2105.3, "steps") == "2,105 steps"
+    assert break_even.break_even_text(None) == "never (compiled is not faster)"
+
+
+def test_eager_time_comes_from_the_same_rounds_or_the_rows_own_ratio():
+    assert break_even.eager_ms_of({"eager_ms": 2.0, "median_ms": 1.0, "speedup": 3.0}) == 2.0
+    assert break_even.eager_ms_of({"median_ms": 1.5, "speedup": 2.0}) == 3.0
+    assert break_even.eager_ms_of({"median_ms": 1.5}) is None
+
+
+def write_results(path, rows):
+    path.write_text(json.dumps({"provenance": {"gpu": "NVIDIA H200", "torch": "2.11", "python": "3.11",
+                                               "date": "2026-12-01", "preset": "full"}, "measurements": rows}))
+    return path
+
+
+BOOK_ROWS = [
+    {"workload": "batch 1", "variant": "eager", "status": "ok", "median_ms": 2.0, "compile_s": 0.0, "speedup": 1.0},
+    {"workload": "batch 1", "variant": "backend=eager", "backend": "eager", "status": "ok", "median_ms": 1.9,
+     "eager_ms": 2.0, "compile_s": 0.5, "speedup": 1.05},
+    {"workload": "batch 1", "variant": "default", "backend": "inductor", "status": "ok", "median_ms": 1.5,
+     "eager_ms": 2.0, "compile_s": 0.7, "speedup": 1.33},
+    {"workload": "batch 1", "variant": "reduce-overhead", "status": "ok", "median_ms": 0.5, "speedup": 4.0,
+     "compile_s": 4.5},
+    {"workload": "batch 1", "variant": "max-autotune", "status": "failed", "reason": "out of GPU memory"},
+    {"workload": "batch 1", "variant": "default cold/warm", "status": "ok", "compile_s": 7.0, "warm_compile_s": 1.5},
+    {"workload": "batch 64", "variant": "default", "status": "ok", "median_ms": 11.0, "eager_ms": 10.0,
+     "compile_s": 6.0, "speedup": 0.91},
+    {"workload": "batch 64", "variant": "reduce-overhead", "status": "ok", "median_ms": 10.5, "eager_ms": 10.0,
+     "compile_s": 6.0, "speedup": 0.95},
+]
+
+
+def test_file_presets_keep_compiled_rows_with_a_compile_and_an_eager_baseline(tmp_path):
+    presets = break_even.file_presets(write_results(tmp_path / "01_mechanism.json", BOOK_ROWS))
+    assert [(p["workload"], p["variant"]) for p in presets] == [
+        ("batch 1", "default"), ("batch 1", "reduce-overhead"), ("batch 64", "default"), ("batch 64", "reduce-overhead")]
+    default, overhead = presets[0], presets[1]
+    assert default["chapter"] == "1" and default["file"] == "01_mechanism.json"
+    # chapter 1's "default cold/warm" row gives the default's cold and warm compile (7 s, 1.5 s), not its 0.7 s
+    assert (default["cold_s"], default["warm_s"]) == (7.0, 1.5)
+    assert default["calls_cold"] == pytest.approx(14_000) and default["calls_warm"] == pytest.approx(3_000)
+    assert overhead["eager_ms"] == pytest.approx(2.0) and overhead["warm_s"] is None  # median_ms x speedup
+    assert overhead["calls_cold"] == pytest.approx(3_000) and overhead["calls_warm"] is None
+
+
+def test_measured_presets_pick_per_workload_the_variant_repaid_soonest(tmp_path):
+    write_results(tmp_path / "01_mechanism.json", BOOK_ROWS)
+    presets = break_even.measured_presets(tmp_path)
+    picked = [(p["workload"], p["variant"]) for p in presets]
+    # batch 1: reduce-overhead repays soonest, the default stays for its warm compile; batch 64: neither
+    # repays, the one nearer eager stands for it
+    assert picked == [("batch 1", "default"), ("batch 1", "reduce-overhead"), ("batch 64", "reduce-overhead")]
+    assert presets[-1]["calls_cold"] is None
+    shown = break_even.table_rows(presets)
+    assert [(r["calls_cold"], r["calls_warm"]) for r in shown] == [("14,000", "3,000"), ("3,000", "-"), ("never", "-")]
+
+
+@pytest.mark.parametrize("content, message", [
+    ("", "the results file is empty"),
+    ("{not json", "not valid JSON"),
+    ('{"measurements": []}', "not a results file"),
+])
+def test_a_malformed_results_file_is_named(tmp_path, content, message):
+    (tmp_path / "02_training.json").write_text(content)
+    with pytest.raises(ResultsError, match=message) as error:
+        break_even.measured_presets(tmp_path)
+    assert "02_training.json" in str(error.value)
+
+
+def test_a_measurement_that_is_not_a_number_is_named(tmp_path):
+    rows = [{"workload": "step", "variant": "default", "status": "ok", "median_ms": "fast", "speedup": 1.2,
+             "compile_s": 3.0}]
+    write_results(tmp_path / "04_gnn.json", rows)
+    with pytest.raises(ResultsError, match=r"04_gnn.json: measurement 0 \(step, default\): median_ms is 'fast'"):
+        break_even.measured_presets(tmp_path)
+
+
+def test_a_chapter_can_leave_its_own_results_out(tmp_path):
+    write_results(tmp_path / "01_mechanism.json", BOOK_ROWS)
+    write_results(tmp_path / "07_deployment.json", [{**BOOK_ROWS[2], "workload": "lm one token"}])
+    assert {p["chapter"] for p in break_even.measured_presets(tmp_path)} == {"1", "7"}
+    assert {p["chapter"] for p in break_even.measured_presets(tmp_path, exclude=("07_deployment",))} == {"1"}
+    with pytest.raises(ResultsError, match="no results files"):
+        break_even.measured_presets(tmp_path, exclude=("01_mechanism", "07_deployment"))
+
+
+def test_a_missing_results_folder_is_named(tmp_path):
+    with pytest.raises(ResultsError, match="h100: no results files"):
+        break_even.measured_presets(tmp_path / "h100")
+
+
+def test_the_books_results_give_presets():
+    presets = break_even.measured_presets(REPO / "results" / "h200")
+    assert presets and all(p["eager_ms"] > 0 and p["compiled_ms"] > 0 and p["cold_s"] > 0 for p in presets)
+    for p in presets:
+        assert p["calls_cold"] == break_even.calls_to_repay(p["cold_s"], p["eager_ms"], p["compiled_ms"])
+    assert not any(str(p["variant"]).startswith(("eager", "backend=")) for p in presets)
+
+
+def test_server_presets_charge_the_start_beyond_eagers():
+    starts = [{"variant": "eager", "ready_s": 5.0}, {"variant": "compiled", "ready_s": 20.0},
+              {"variant": "aoti", "ready_s": 60.0}]
+    restarts = [{"variant": "compiled", "ready_s": 9.0}, {"variant": "aoti", "ready_s": 4.0}]
+    rows = [{"variant": "eager", "concurrency": 1, "p50_ms": 3.0},
+            {"variant": "compiled", "concurrency": 1, "p50_ms": 2.5, "speedup": 1.2},
+            {"variant": "aoti", "concurrency": 1, "p50_ms": 2.0, "speedup": 1.5},
+            {"variant": "compiled", "concurrency": 4, "p50_ms": 9.0}]
+    compiled, aoti = break_even.server_presets(starts, restarts, rows, concurrency=1)
+    assert (compiled["cold_s"], compiled["warm_s"], compiled["calls_cold"]) == (15.0, 4.0, pytest.approx(30_000))
+    assert (aoti["cold_s"], aoti["warm_s"], aoti["calls_warm"]) == (55.0, -1.0, 0.0)  # a restart faster than eager's
+    assert compiled["chapter"] == "7" and compiled["speedup"] == 1.2
+    assert break_even.server_presets(starts, [], rows[:2], concurrency=1)[0]["warm_s"] is None
+    assert break_even.server_presets(starts, restarts, rows, concurrency=16) == []
+
+
+def test_plot_totals_draws_eager_and_each_start():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    break_even.plot_totals(ax, 26.0, 7.0, {"cold start": 40.0, "warm start": 8.0, "not measured": None}, 5000)
+    labels = [line.get_label() for line in ax.get_lines() if not line.get_label().startswith("_")]
+    assert labels == ["eager", "compiled, cold start", "compiled, warm start"]
+    marks = [line for line in ax.get_lines() if line.get_marker() == "o"]
+    assert len(marks) == 2 and marks[1].get_xdata()[0] == pytest.approx(8000 / 19)
+    plt.close(fig)
+
+
+def test_the_deployment_paths_the_chapter_names_exist_in_this_torch():
+    import torch
+
+    assert callable(torch.compiler.save_cache_artifacts) and callable(torch.compiler.load_cache_artifacts)
+    assert callable(torch._inductor.aoti_compile_and_package) and callable(torch._inductor.aoti_load_package)
+    assert callable(torch.compiler.load_compiled_function)
+    assert hasattr(torch.compile(lambda t: t + 1, fullgraph=True), "aot_compile")
+    assert torch._dynamo.config.recompile_limit == 8  # the solution of ex-deploy-shapes says eight by default
+
+
 # --- the draft chapter -------------------------------------------------------------------------------
 
 def test_draft_has_the_chapter_shape(repository_url):
@@ -123,3 +286,5 @@ def test_draft_runs_in_smoke_preset_on_cpu(tmp_path, monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     nb, text = run_draft_smoke(NOTEBOOK, tmp_path)
     assert "bad requests: 4 refused with a 4xx" in text and "recompiles under load: 0" in text
+    assert "graphs compiled: dynamic=None 2, dynamic=True 1" in text  # section 5: a recompile, then symbolic sizes
+    assert "the model: 2 graphs, 1 graph break(s)" in text and "steady calls: eager" in text

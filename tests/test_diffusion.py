@@ -232,6 +232,7 @@ def test_lora_adapters_are_made_offline_and_change_the_output(pipe, adapters, in
     assert diffusion.relative_error(diffusion.unet_step(with_lora.unet, *inputs), plain) > 1e-3
 
 
+@pytest.mark.filterwarnings("ignore:Already found a `peft_config`:UserWarning")  # the plain swap loads a second adapter
 def test_hotswap_does_not_recompile_and_a_plain_swap_does(pipe, adapters, inputs):
     reference_pipe = diffusion.pipeline_with_unet(pipe, fresh_unet())
     reference_pipe.load_lora_weights(adapters[1], adapter_name="style")

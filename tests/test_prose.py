@@ -2,7 +2,8 @@
 
 The book's numbers come from the run (myst-nb `{glue:text}` roles filled from the committed
 outputs), never typed by hand, so that the prose cannot disagree with the measurements beside it.
-`digits_in_prose` enforces that on every markdown cell of every notebook, chapters and drafts:
+`digits_in_prose` enforces that on every markdown cell of every notebook, chapters and drafts,
+and on the book pages listed in PAGES (the workshop guide, whose times come from recorded runs):
 it reports each digit (0-9) the reader would see in running prose. A digit is allowed only in:
 
 1. a glue role, {glue}`name` or {glue:text}`name` (any {glue:...} form), and any other MyST role,
@@ -48,6 +49,8 @@ from conftest import REPO
 
 NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))  # the chapters and the drafts of the next ones
 IDS = [nb.stem for nb in NOTEBOOKS]
+# book pages held to the same rule: their times come from recorded runs (book/_ext/workshop_runs.py)
+PAGES = [REPO / "book" / "workshop.md"]
 
 # Letters right after an integer that make it a measured quantity, not a name ("5x", "16GB", "2nd").
 UNITS = {"x", "X", "ms", "s", "us", "µs", "ns", "min", "h", "hr", "hrs", "sec", "secs",
@@ -223,3 +226,10 @@ def test_prose_has_no_hand_typed_numbers(notebook):
              for i, source in markdown_cells(notebook) for n, line, tokens in digits_in_prose(source)]
     assert not found, ("digits in the prose (glue measured numbers, write counts as words, quote "
                        "configuration as code; the rule is in this file's docstring):\n" + "\n".join(found))
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[p.stem for p in PAGES])
+def test_book_page_prose_has_no_hand_typed_numbers(page):
+    """The same rule for a book page: its whole Markdown is checked as one cell."""
+    found = [f"line {n}: {tokens} in {line.strip()!r}" for n, line, tokens in digits_in_prose(page.read_text())]
+    assert not found, ("digits in the prose (the rule is in this file's docstring):\n" + "\n".join(found))

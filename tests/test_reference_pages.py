@@ -140,7 +140,9 @@ def test_references_list_every_url_the_book_links_to(repository_url):
     """Every URL in the prose of the toc's pages (chapters included) is on the references page."""
     listed = set(URL.findall(REFERENCES.read_text()))
     toc = yaml.safe_load((REPO / "_toc.yml").read_text())
-    files = [toc["root"]] + [c["file"] for part in toc["parts"] for c in part["chapters"]]
+    entries = [c for part in toc["parts"] for c in part["chapters"]]
+    entries += [s for c in entries for s in c.get("sections", [])]  # companions nested under a chapter
+    files = [toc["root"]] + [e["file"] for e in entries]
     missing = {}
     for name in files:
         path = next((REPO / f"{name}{ext}" for ext in (".ipynb", ".md") if (REPO / f"{name}{ext}").exists()), None)

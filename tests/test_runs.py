@@ -455,6 +455,9 @@ def test_run_book_simulating_a_small_gpu_never_writes_in_place(tiny, monkeypatch
     assert os.environ[utils.env.SIMULATE_ENV] == "t4"
     assert tiny["path"].read_bytes() == tiny["bytes"], "a simulated run replaced the committed chapter"
     assert (tiny["out"] / tiny["path"].name).exists()
+    # its record (tests/test_workshop.py has the rest): no GPU here, so it goes to the git-ignored results/cpu/
+    [entry] = json.loads(utils.run_book.runs_path("cpu").read_text())["runs"]
+    assert (entry["chapter"], entry["asked"], entry["preset"], entry["outcome"]) == ("09_tiny", "full", "full", "done")
 
 
 def test_run_book_resumes_a_chapter_over_two_commands(tiny, capsys):

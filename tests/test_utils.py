@@ -42,7 +42,8 @@ class WithGraphBreak(nn.Module):
 
 @pytest.mark.parametrize("name, slug", [("NVIDIA H200", "h200"), ("Tesla T4", "t4"),
                                         ("NVIDIA GeForce RTX 4090", "rtx-4090"),
-                                        ("NVIDIA A100-SXM4-80GB", "a100-sxm4-80gb"), ("cpu", "cpu")])
+                                        ("NVIDIA A100-SXM4-80GB", "a100-sxm4-80gb"), ("cpu", "cpu"),
+                                        ("Tesla T4 (simulated on NVIDIA H200)", "t4-simulated-on-h200")])
 def test_gpu_slug(name, slug):
     assert utils.gpu_slug(name) == slug
 

@@ -15,6 +15,7 @@ from . import explore
 from .tables import cell_text
 
 SKIPPED_FOLDERS = {"cpu"}  # smoke and CPU runs of the runner (git-ignored), not results of record
+RUNS_FILE = "runs.json"  # results/<gpu>/runs.json: how long chapters ran as a small GPU (utils/workshop.py), no measurements
 PAGE = Path("book") / "benchmarks.md"
 SOURCES = Path("book") / "_data" / "benchmarks.yml"
 FLOORS = (("floor_frac", "of floor"), ("roofline_frac", "of roofline"), ("mfu_spec", "MFU"))
@@ -26,9 +27,9 @@ class ResultsError(Exception):
 
 
 def results_files(root):
-    """Every results/<gpu>/*.json under `root`, GPU folders in order, CPU runs left out (benchmarks page)."""
+    """Every results/<gpu>/*.json under `root`, GPU folders in order, CPU runs and runs files left out (benchmarks page)."""
     root = Path(root)
-    return sorted(p for p in root.glob("*/*.json") if p.parent.name not in SKIPPED_FOLDERS)
+    return sorted(p for p in root.glob("*/*.json") if p.parent.name not in SKIPPED_FOLDERS and p.name != RUNS_FILE)
 
 
 def read_results(path):

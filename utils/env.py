@@ -107,9 +107,9 @@ def gpu_name():
 
 
 def gpu_slug(name=None):
-    """Folder name for results: 'NVIDIA H200' -> 'h200', 'Tesla T4' -> 't4', no GPU -> 'cpu' (chapter 1)."""
+    """Folder name for results: 'NVIDIA H200' -> 'h200', a T4 simulated on it -> 't4-simulated-on-h200', no GPU -> 'cpu' (chapter 1)."""
     name = name or gpu_name()
-    name = re.sub(r"^((nvidia|tesla|geforce)\s+)+", "", name.strip(), flags=re.I)
+    name = re.sub(r"\b(nvidia|tesla|geforce)\s+", "", name.strip(), flags=re.I)
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "cpu"
 
 

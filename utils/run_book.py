@@ -12,30 +12,52 @@ finishes (results/<gpu>/parts/) and reused by the next command, so a chapter who
 need longer than one command is driven to completion over several: when one command's
 --max-seconds run out, run the same command again. The chapter is rendered once, by the run in
 which every part was present.
+
+A run as a small GPU (--simulate t4) records each chapter's outcome in
+results/<gpu>/runs.json, e.g. results/t4-simulated-on-h200/runs.json: the preset asked and the one
+in force, done, failed or pending, the wall seconds, the date, commit, torch and GPU. The workshop
+guide (book/workshop.md) shows them.
 """
 import argparse
+import datetime
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from .env import REPO_ROOT, SIMULATE_ENV, SMALL_GPUS
+import torch
+
+from .benchmarks import RUNS_FILE
+from .env import REPO_ROOT, SIMULATE_ENV, SMALL_GPUS, git_commit, gpu_name, gpu_slug
 
 NOTEBOOKS = REPO_ROOT / "notebooks"
 DEFAULT_OUT = REPO_ROOT / "_build" / "executed"
 PRESETS = ("auto", "full", "colab", "workshop", "smoke")
 PENDING = "PartsPending"  # the exception a notebook stops with when its next part needs another command
 EXIT_PENDING = 3  # run the same command again: parts are stored, more remain
+PRESET_LINE = re.compile(r"^preset (full|colab|workshop|smoke)\b", re.M)  # every chapter prints it once it has its sizes
 
 
-class ChapterFailed(Exception):
+class ChapterStopped(Exception):
+    """A chapter's run that did not finish: why, in a line, and the executed copy it left, if any (chapter 1)."""
+
+    def __init__(self, reason, executed=None):
+        super().__init__(reason)
+        self.reason, self.executed = reason, executed
+
+
+class ChapterFailed(ChapterStopped):
     """A chapter's run stopped on an error (its message names the cell's exception) (chapter 1)."""
 
+    def __str__(self):
+        return f"{self.reason} (the failed run: {self.executed})" if self.executed else self.reason
 
-class ChapterPending(Exception):
+
+class ChapterPending(ChapterStopped):
     """A resumable run stored what it could and needs another command (chapter 1)."""
 
 
@@ -112,18 +134,19 @@ def execute(notebook, preset="auto", out_dir=None, timeout=None, *, seconds=None
         log, _ = proc.communicate(timeout=seconds + 30 if seconds else None)
     except subprocess.TimeoutExpired:  # the deadline passed inside a part: nothing of that part was stored
         _kill_tree(proc)
+        left = target if target.exists() else None
         if resume:
-            raise ChapterPending(f"stopped after {seconds:.0f} s inside a part") from None
-        raise ChapterFailed(f"still running after {seconds:.0f} s") from None
+            raise ChapterPending(f"stopped after {seconds:.0f} s inside a part", left) from None
+        raise ChapterFailed(f"still running after {seconds:.0f} s", left) from None
     error = _error_of(target)
     if error and error.startswith(PENDING) and resume:
-        raise ChapterPending(error.split(": ", 1)[-1])
+        raise ChapterPending(error.split(": ", 1)[-1], target)
     if proc.returncode != 0 or error:
         last_line = log.strip().splitlines()[-1] if log.strip() else f"papermill exited {proc.returncode}"
         failed = target.with_name(target.stem + ".failed.ipynb")
         if target.exists():
             target.replace(failed)
-        raise ChapterFailed(f"{error or last_line} (the failed run: {failed})")
+        raise ChapterFailed(error or last_line, failed if failed.exists() else None)
     strip_injected(target)
     return target
 
@@ -143,6 +166,54 @@ def run_chapter(notebook, preset, out_dir=None, *, resume=False, seconds=None, t
         target.write_text(executed.read_text())
         executed.unlink()
     return target, resolved
+
+
+def preset_in_force(executed):
+    """The preset a chapter ran in, from the line it prints when it has its sizes ('preset NAME ...'), or None before that (chapter 1)."""
+    try:
+        nb = json.loads(Path(executed).read_text())
+    except (OSError, TypeError, ValueError):
+        return None
+    for cell in nb.get("cells", []):
+        for out in cell.get("outputs", []):
+            match = PRESET_LINE.search("".join(out.get("text", ""))) if out.get("output_type") == "stream" else None
+            if match:
+                return match.group(1)
+    return None
+
+
+def runs_path(gpu=None, root=None):
+    """Where runs as a small GPU are recorded: results/<gpu-slug>/runs.json, e.g. results/t4-simulated-on-h200/ (chapter 1)."""
+    return Path(root or REPO_ROOT / "results") / gpu_slug(gpu) / RUNS_FILE
+
+
+def run_entry(chapter, asked, outcome, seconds, executed=None, reason=None):
+    """One chapter's run as the workshop guide reads it: presets asked and in force, outcome, seconds, provenance (chapter 1)."""
+    return {"chapter": chapter, "asked": asked, "preset": preset_in_force(executed) if executed else None,
+            "outcome": outcome, "reason": reason.strip().splitlines()[0][:200] if reason else None,
+            "seconds": round(seconds, 1), "commands": 1, "date": datetime.date.today().isoformat(),
+            "commit": git_commit(), "torch": torch.__version__, "gpu": gpu_name(),
+            "real_gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"}
+
+
+def record_run(entry, path, resumed=False):
+    """Write one run's entry into the runs file, replacing the chapter's entry for the same preset asked, atomically (chapter 1).
+
+    A resumed run that follows a pending one adds that one's seconds and commands to its own.
+    """
+    path, key = Path(path), (entry["chapter"], entry["asked"])
+    runs = json.loads(path.read_text())["runs"] if path.exists() else []
+    earlier = next((r for r in runs if (r["chapter"], r["asked"]) == key), None)
+    if resumed and earlier and earlier["outcome"] == "pending":
+        entry = {**entry, "seconds": round(entry["seconds"] + earlier["seconds"], 1),
+                 "commands": earlier.get("commands", 1) + 1}
+    runs = sorted([r for r in runs if (r["chapter"], r["asked"]) != key] + [entry],
+                  key=lambda r: (r["chapter"], r["asked"]))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"runs": runs}, indent=1) + "\n")
+    tmp.replace(path)
+    return entry
 
 
 def main(argv=None):
@@ -179,14 +250,18 @@ def main(argv=None):
         t0 = time.time()
         try:
             target, resolved = run_chapter(nb, args.preset, args.out, resume=args.resume, seconds=left)
+            outcome, reason, executed = "done", None, target
         except ChapterPending as pending:
             print(f"{nb.name}: parts stored, more to measure ({pending}); run the same command again", flush=True)
-            status = EXIT_PENDING
-            continue
+            status, outcome, reason, executed = EXIT_PENDING, "pending", pending.reason, pending.executed
         except ChapterFailed as failed:
             print(f"{nb.name}: FAILED after {time.time() - t0:.0f} s: {str(failed)[:2000]}; "
                   "the committed notebook is unchanged", flush=True)
-            status = 1
+            status, outcome, reason, executed = 1, "failed", failed.reason, failed.executed
+        if os.environ.get(SIMULATE_ENV):  # how long each chapter takes on a small GPU, for the workshop guide
+            entry = run_entry(nb.stem, args.preset, outcome, time.time() - t0, executed, reason)
+            record_run(entry, runs_path(entry["gpu"]), resumed=args.resume)
+        if outcome != "done":
             continue
         where = "in place" if target.parent == nb.resolve().parent else f"to {target}"
         note = "" if where == "in place" else " (only a full run replaces the committed chapter)"
