@@ -106,16 +106,21 @@ class QuietHandler(http.server.SimpleHTTPRequestHandler):
         pass
 
 
-@pytest.fixture(scope="session")
-def site(built_site):
-    """The built site served on a free loopback port; its URL."""
-    QuietHandler.requests = []
-    handler = functools.partial(QuietHandler, directory=str(built_site))
+def serve(directory):
+    """Serve `directory` on a free loopback port in a thread; yields its URL, then stops (for session fixtures)."""
+    handler = functools.partial(QuietHandler, directory=str(directory))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()
     server.server_close()
+
+
+@pytest.fixture(scope="session")
+def site(built_site):
+    """The built site served on a free loopback port; its URL."""
+    QuietHandler.requests = []
+    yield from serve(built_site)
 
 
 @pytest.fixture(scope="session")

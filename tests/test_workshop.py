@@ -9,15 +9,12 @@ to sections and exercises against the notebooks. The slow tests build the site w
 own build once _toc.yml lists it; until then, a build whose toc adds it) and open it in Chromium.
 """
 import datetime
-import functools
-import http.server
 import io
 import json
 import re
 import shutil
 import subprocess
 import sys
-import threading
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -27,7 +24,7 @@ import yaml
 from docutils.nodes import make_id
 
 import utils.run_book
-from conftest import ANSI, BUILD_CMD, REPO, QuietHandler, open_page, page_problems
+from conftest import ANSI, BUILD_CMD, REPO, open_page, page_problems, serve
 from utils import benchmarks, workshop
 from utils.env import SIMULATE_ENV
 from utils.run_book import ChapterFailed, ChapterPending
@@ -371,12 +368,7 @@ def test_the_workshop_page_builds_with_its_agendas_and_times(workshop_site):
 @pytest.fixture(scope="session")
 def workshop_served(workshop_site):
     """The site holding the workshop page, served on a free loopback port; its URL."""
-    handler = functools.partial(QuietHandler, directory=str(workshop_site))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    yield from serve(workshop_site)
 
 
 @pytest.mark.slow

@@ -32,19 +32,26 @@ def results_files(root):
     return sorted(p for p in root.glob("*/*.json") if p.parent.name not in SKIPPED_FOLDERS and p.name != RUNS_FILE)
 
 
-def read_results(path):
-    """A results file's provenance and measurements; ResultsError naming the file if it is not one (benchmarks page)."""
+def read_json_file(path, kind, error=None):
+    """A JSON file's data; `error` (ResultsError) naming the file if it cannot be read, is empty or is not JSON (benchmarks page)."""
+    error = error or ResultsError
     path = Path(path)
     try:
         text = path.read_text()
-    except OSError as error:
-        raise ResultsError(f"{path}: cannot be read ({error})") from error
+    except OSError as cause:
+        raise error(f"{path}: cannot be read ({cause})") from cause
     if not text.strip():
-        raise ResultsError(f"{path}: the results file is empty")
+        raise error(f"{path}: the {kind} file is empty")
     try:
-        data = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise ResultsError(f"{path}: not valid JSON ({error})") from error
+        return json.loads(text)
+    except json.JSONDecodeError as cause:
+        raise error(f"{path}: not valid JSON ({cause})") from cause
+
+
+def read_results(path):
+    """A results file's provenance and measurements; ResultsError naming the file if it is not one (benchmarks page)."""
+    path = Path(path)
+    data = read_json_file(path, "results")
     if not isinstance(data, dict) or not isinstance(data.get("provenance"), dict) \
             or not isinstance(data.get("measurements"), list):
         raise ResultsError(f"{path}: not a results file (it needs 'provenance' and 'measurements')")

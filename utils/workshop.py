@@ -7,11 +7,11 @@ of every recorded run, and each chapter's time in the workshop preset inside the
 file that is empty, not JSON, or holds an entry without its fields stops the build with an error
 naming the file. With no runs file, the page says that the times have not been measured yet.
 """
-import json
 import math
 from pathlib import Path
 
-from .benchmarks import RUNS_FILE, SKIPPED_FOLDERS, _cell, _code, chapter_label, chapter_link, table, toc_chapters
+from .benchmarks import (RUNS_FILE, SKIPPED_FOLDERS, _cell, _code, chapter_label, chapter_link, read_json_file, table,
+                         toc_chapters)
 
 FIELDS = ("chapter", "asked", "preset", "outcome", "seconds", "date", "commit", "torch", "gpu")
 OUTCOMES = ("done", "failed", "pending")
@@ -36,16 +36,7 @@ def runs_files(root):
 def read_runs(path):
     """A runs file's entries; RunsError naming the file when it is not one (workshop guide)."""
     path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as error:
-        raise RunsError(f"{path}: cannot be read ({error})") from error
-    if not text.strip():
-        raise RunsError(f"{path}: the runs file is empty")
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise RunsError(f"{path}: not valid JSON ({error})") from error
+    data = read_json_file(path, "runs", RunsError)
     if not isinstance(data, dict) or not isinstance(data.get("runs"), list):
         raise RunsError(f"{path}: not a runs file (it needs a list 'runs')")
     for i, run in enumerate(data["runs"]):
