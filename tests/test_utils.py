@@ -612,3 +612,12 @@ def test_import_utils_loads_neither_ipython_nor_ipywidgets():
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.splitlines()[-2:] == ["[]", "['IPython', 'ipywidgets']"]
+
+
+def test_ratio_text_gives_the_rounds_range_or_says_what_is_missing():
+    from utils import ratio_text
+
+    row = {"speedup": 2.104, "speedup_lo": 1.9, "speedup_hi": 2.3, "speedup_vs_original": 1.5}
+    assert ratio_text(row) == "2.10x (rounds 1.90-2.30x)"
+    assert ratio_text(row, "speedup_vs_original") == "1.50x"  # no rounds stored: the ratio alone
+    assert ratio_text(None) == "not measured" and ratio_text({}, missing="on a GPU only") == "on a GPU only"

@@ -19,3 +19,12 @@ def glue(name, value, display=False):
 def glue_num(value, digits=1, missing="n/a"):
     """A measured number as text for glue: fixed digits, thousands separated; `missing` for None (chapter 3)."""
     return missing if value is None else f"{value:,.{digits}f}"
+
+
+def ratio_text(row, field="speedup", missing="not measured"):
+    """A row's ratio with the range of its rounds, as prose shows it: '2.10x (rounds 1.90-2.30x)' (chapter 3b)."""
+    if not row or row.get(field) is None:
+        return missing
+    if row.get(f"{field}_lo") is None:
+        return f"{row[field]:.2f}x"
+    return f"{row[field]:.2f}x (rounds {row[f'{field}_lo']:.2f}-{row[f'{field}_hi']:.2f}x)"

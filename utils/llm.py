@@ -334,14 +334,9 @@ def quantize_int8(model):
 
 
 def matmul_weight_bytes(model):
-    """Bytes of the weights a decode step's products read: nn.Linear weights, Int8Linear weights and scales (chapter 3b)."""
-    total = 0
-    for module in model.modules():
-        if isinstance(module, torch.nn.Linear):
-            total += module.weight.numel() * module.weight.element_size()
-        elif isinstance(module, Int8Linear):
-            total += sum(t.numel() * t.element_size() for t in (module.weight, module.scale))
-    return total
+    """Bytes of the weights a decode step's products read: linear_weight_bytes plus Int8Linear weights and scales (chapter 3b)."""
+    int8 = sum(t.numel() * t.element_size() for m in model.modules() if isinstance(m, Int8Linear) for t in (m.weight, m.scale))
+    return linear_weight_bytes(model) + int8
 
 
 def generated_code_summary(code):
