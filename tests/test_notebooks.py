@@ -21,6 +21,7 @@ SMOKE_PRINTS = {
     "03_inference": [r"loop-default:\s+[\d,.]+ tok/s = .* of the roofline, [\d.]+x eager in the same rounds",
                      r"loop-cudagraphs-cd: skipped: CUDA graphs",  # the GPU-only variant says so on a CPU
                      r"mark_dynamic: first call \(s\) at lengths"],  # the recompile study ran
+    "04_gnn": [r"step\+one CUDA graph\s+.*skipped: a CUDA graph needs a GPU"],  # the GPU-only variant says so on a CPU
     "05b_diffusion_serving": [r"hotswap: swap .* 0 new graph",  # hotswap kept the compiled blocks
                               r"dynamic=None \(default\) at\s+\d+: 1 new graph",
                               r"dynamic=True at\s+\d+: 1 new graph",

@@ -10,6 +10,7 @@ import socket
 import stat
 import statistics
 import tempfile
+import weakref
 from pathlib import Path
 
 import torch
@@ -235,6 +236,105 @@ def explain_counts(fn, *args):
     explanation = torch._dynamo.explain(fn)(*args)
     reasons = [r.reason.strip().splitlines()[0] for r in explanation.break_reasons]
     return explanation.graph_count, explanation.graph_break_count, reasons
+
+
+# --- the whole step in one CUDA graph -------------------------------------------------------------
+
+NEEDS_GPU = "a CUDA graph needs a GPU"
+_REPLAYS = weakref.WeakKeyDictionary()  # compiled step -> the replay of its CUDA graph (run_step_in_one_graph)
+
+
+def capture_step(step, inputs, warmup=3):
+    """Capture one call of step(*inputs) into a CUDA graph after `warmup` calls on a side stream; returns a replay function (chapter 4).
+
+    PyTorch's whole-network capture: the warm-up steps run (and train); the capture records the
+    kernels of one step, forward, backward and optimizer, without running them; each replay runs
+    them all with one launch. The loss it returns and the gradients live in the graph's memory,
+    refilled in place by every replay. Adam must keep its step count on the GPU (capturable);
+    a compiled Adam does so by itself when its parameters are on the GPU.
+    """
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm up on a side stream, as capture wants
+        for _ in range(warmup):
+            step(*inputs)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        loss = step(*inputs)
+
+    def replay():
+        graph.replay()
+        return loss
+
+    return replay
+
+
+def run_step_in_one_graph(step, inputs):
+    """compare()'s `run` for a compiled TrainStep replayed from one CUDA graph, captured after its first call; eager steps run as they are (chapter 4).
+
+    The first call compiles and returns the first step's loss, as the eager step's first call does.
+    Inside another capture (utils.timing.gpu_time_ms) the compiled step runs, so that capture
+    records its kernels; without a GPU there is no graph and the step runs as it is.
+    """
+    compiled = isinstance(step, torch._dynamo.eval_frame.OptimizedModule)
+    if not compiled or not torch.cuda.is_available() or torch.cuda.is_current_stream_capturing():
+        return step(*inputs)
+    if step not in _REPLAYS:
+        first = step(*inputs)  # compiles
+        _REPLAYS[step] = capture_step(step, inputs)
+        return first
+    return _REPLAYS[step]()
+
+
+def compare_in_one_graph(make_step, inputs, *, workload, device, min_run_time=1.0, extra=None):
+    """compare() of eager steps against the compiled step (mode default) replayed from one CUDA graph; skipped, with the reason, without a GPU (chapter 4)."""
+    from .compare import row
+
+    config = {"mode": "default"}
+    on_gpu = str(device).startswith("cuda") and torch.cuda.is_available()
+    rows = compare(make_step, inputs, [config] if on_gpu else [], workload=workload, device=device,
+                   run=run_step_in_one_graph, min_run_time=min_run_time, extra=extra)
+    if not on_gpu:
+        rows.append(row("skipped", NEEDS_GPU, workload=workload, variant="default", **(extra or {}),
+                        mode="default", backend="inductor", fullgraph=False, dynamic=None))
+    return rows
+
+
+def fit_in_one_graph(make_model, data, epochs, seed=0, warmup=3):
+    """Train a fresh model for `epochs` full-batch steps: one compiling call, `warmup` more, then replays of one CUDA graph (chapter 4).
+
+    Returns the test accuracy (read with the eager model, whose parameters the replays updated in
+    place), the last loss and the graphs Dynamo compiled.
+    """
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    torch.manual_seed(seed)
+    model = attach_adam(make_model())
+    step = torch.compile(TrainStep(model))
+    model.train()
+    inputs = (data.x, data.edge_index, data.y, data.train_idx)
+    loss = step(*inputs)  # compiles
+    replay = capture_step(step, inputs, warmup=warmup)
+    for _ in range(epochs - 1 - warmup):
+        loss = replay()
+    return {"test_acc": accuracy(model, data, data.test_idx), "final_loss": float(loss),
+            "graphs": counters["stats"]["unique_graphs"]}
+
+
+def fit_seeds_in_one_graph(make_model, data, epochs, seeds):
+    """fit_in_one_graph() for each seed, summed up as fit_seeds() does; skipped without a GPU, a failure reported (chapter 4)."""
+    if not (torch.cuda.is_available() and data.x.is_cuda):
+        return {"test_acc": None, "fit_status": f"skipped: {NEEDS_GPU}"}
+    try:
+        runs = [fit_in_one_graph(make_model, data, epochs, seed=seed) for seed in seeds]
+    except Exception as error:  # a failed capture is a result
+        return {"test_acc": None, "fit_status": f"failed: {type(error).__name__}: {str(error)[:200]}"}
+    accs = [r["test_acc"] for r in runs]
+    return {"test_acc": sum(accs) / len(accs), "test_accs": accs, "epochs": epochs,
+            "train_graphs": runs[0]["graphs"], "cuda_graphs": 1, "fit_status": "ok"}
 
 
 # --- synthetic graphs and neighbour sampling ------------------------------------------------------
