@@ -25,6 +25,7 @@ from .env import REPO_ROOT, gpu_name, gpu_slug, git_commit, provenance
 
 RESUME_ENV = "BOOK_RESUME"  # "1": reuse stored parts and store new ones
 DEADLINE_ENV = "BOOK_DEADLINE"  # epoch seconds after which no part may still be running
+REKEY_ENV = "BOOK_REKEY_FROM"  # a folder holding the measuring code as it was when the stored parts were measured
 MEASURING_CODE = ("compare.py", "timing.py", "compiler.py")  # a change here re-measures every part
 
 
@@ -111,17 +112,18 @@ def code_text(fn, depth=3, seen=None):
     return "\n".join(texts)
 
 
-def measuring_code():
-    """The library's timing and comparison code, part of every part's key (chapter 1)."""
-    here = Path(__file__).resolve().parent
+def measuring_code(folder=None):
+    """The library's timing and comparison code (as it is, or as kept in `folder`), part of every part's key (chapter 1)."""
+    here = Path(folder) if folder else Path(__file__).resolve().parent
     return "\n".join((here / name).read_text() for name in MEASURING_CODE)
 
 
-def part_key(chapter, name, preset, sizes, measure):
+def part_key(chapter, name, preset, sizes, measure, measuring=None):
     """A hash of all that decides a part's result: chapter, part, preset and sizes, GPU, torch, code (chapter 1)."""
     what = json.dumps({"chapter": chapter, "part": name, "preset": preset, "sizes": sizes, "gpu": gpu_name(),
                        "torch": torch.__version__}, sort_keys=True, default=repr)
-    return hashlib.sha256((what + code_text(measure) + measuring_code()).encode()).hexdigest()[:16]
+    measuring = measuring_code() if measuring is None else measuring
+    return hashlib.sha256((what + code_text(measure) + measuring).encode()).hexdigest()[:16]
 
 
 def _finite(value):
@@ -151,6 +153,7 @@ class Run:
         self.chapter, self.preset, self.sizes = chapter, preset, sizes
         self.resume = os.environ.get(RESUME_ENV) == "1"
         self.deadline = float(os.environ[DEADLINE_ENV]) if os.environ.get(DEADLINE_ENV) else None
+        self.rekey_from = os.environ.get(REKEY_ENV) or None
         self.root, self.path = root, parts_path(chapter, root=root)
         self.log = []  # one entry per part: name, how (measured or reused), seconds, commit, date
         self.started = time.perf_counter()
@@ -189,6 +192,8 @@ class Run:
         """measure()'s result for this part: reused when stored with the same key, else measured (and stored) (chapter 1)."""
         key = part_key(self.chapter, name, self.preset, self.sizes, measure)
         entry = self.stored().get(name) if self.resume else None
+        if self.rekey_from:
+            entry = self._rekeyed(name, entry, key, measure)
         if entry and entry.get("key") == key and "result" in entry:
             self.log.append({"part": name, "how": "reused", **{k: entry.get(k) for k in ("seconds", "commit", "date")}})
             return entry["result"]
@@ -205,6 +210,25 @@ class Run:
                                "torch": torch.__version__, "result": result})
         self.log.append({"part": name, "how": "measured", "seconds": seconds, "commit": commit, "date": date})
         return result
+
+    def _rekeyed(self, name, entry, key, measure):
+        """The stored entry under the new key when only the measuring code changed since it was measured, else an error.
+
+        A re-key run (BOOK_REKEY_FROM) measures nothing: it recomputes each stored part's old key with
+        the measuring code kept in that folder; where that equals the stored key, everything else the
+        part depends on is unchanged, so its result stands and is stored under the new key.
+        """
+        if entry and entry.get("key") == key:
+            return entry
+        old = part_key(self.chapter, name, self.preset, self.sizes, measure, measuring_code(self.rekey_from))
+        if not entry or "result" not in entry or entry.get("key") != old:
+            raise RuntimeError(f"part {name!r} of {self.chapter} cannot be re-keyed: "
+                               + ("nothing is stored for it" if not entry or "result" not in entry else
+                                  "more than the measuring code changed since it was measured")
+                               + "; measure it (run without --rekey-from)")
+        entry = {**entry, "key": key, "rekeyed_from": old}
+        self._store(name, entry)
+        return entry
 
     def minutes(self):
         """How long the chapter takes top to bottom: this render's time plus what the reused parts took (chapter 1)."""
