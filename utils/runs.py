@@ -218,14 +218,15 @@ class Run:
         the measuring code kept in that folder; where that equals the stored key, everything else the
         part depends on is unchanged, so its result stands and is stored under the new key.
         """
-        if entry and entry.get("key") == key:
+        if not entry or "result" not in entry:  # a re-key measures nothing, not even a part cut off midway
+            raise RuntimeError(f"part {name!r} of {self.chapter} cannot be re-keyed: nothing is stored for it; "
+                               "measure it (run without --rekey-from)")
+        if entry.get("key") == key:
             return entry
         old = part_key(self.chapter, name, self.preset, self.sizes, measure, measuring_code(self.rekey_from))
-        if not entry or "result" not in entry or entry.get("key") != old:
-            raise RuntimeError(f"part {name!r} of {self.chapter} cannot be re-keyed: "
-                               + ("nothing is stored for it" if not entry or "result" not in entry else
-                                  "more than the measuring code changed since it was measured")
-                               + "; measure it (run without --rekey-from)")
+        if entry.get("key") != old:
+            raise RuntimeError(f"part {name!r} of {self.chapter} cannot be re-keyed: more than the measuring code "
+                               "changed since it was measured; measure it (run without --rekey-from)")
         entry = {**entry, "key": key, "rekeyed_from": old}
         self._store(name, entry)
         return entry
