@@ -83,6 +83,7 @@ def fake_h200(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=None: "NVIDIA H200")
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=None: (9, 0))
     monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, device=None: caps.append(f))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", torch.cuda.mem_get_info)  # a simulation wraps it: undone after
     yield caps
     inductor_config.compile_threads = threads  # not monkeypatch: undoing it would delete the config entry
 
