@@ -20,12 +20,17 @@ def pick_device():
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def gpu_capability():
+    """(major, minor) compute capability of the GPU this run acts as: the simulated small one, else the real (chapter 1)."""
+    small = simulated_gpu()
+    return tuple(small["capability"]) if small else torch.cuda.get_device_capability()
+
+
 def pick_dtype(device):
     """bf16 on GPUs of compute capability >= 8, fp16 on older GPUs (T4), fp32 on CPU (chapter 1)."""
     if device == "cpu":
         return torch.float32
-    small = simulated_gpu()
-    major, _ = small["capability"] if small else torch.cuda.get_device_capability()
+    major, _ = gpu_capability()
     return torch.bfloat16 if major >= 8 else torch.float16
 
 

@@ -11,8 +11,7 @@ runner carries on in its next command. A part cut off mid-way is never stored.
 import datetime
 import hashlib
 import html
-import importlib
-import importlib.util
+import importlib.util  # (binds importlib too)
 import inspect
 import json
 import math
