@@ -145,9 +145,90 @@ def test_other_preset_sizes_or_library_code_measure_again(tmp_path, resume, monk
     assert len(calls) == 2
     new_run(tmp_path, preset="workshop", sizes={**SIZES, "n": 3}).part("a", measure)
     assert len(calls) == 3
-    monkeypatch.setattr(utils.runs, "measuring_code", lambda: "def time_fn(): changed")
+    monkeypatch.setattr(utils.runs, "measuring_code", lambda folder=None: "def time_fn(): changed")
     new_run(tmp_path, preset="workshop", sizes={**SIZES, "n": 3}).part("a", measure)
     assert len(calls) == 4
+
+
+def keep_measuring_code(tmp_path, monkeypatch, change=True):
+    """A folder holding the measuring code as it is now, and (with change) a library whose measuring code then changes."""
+    old = tmp_path / "measuring-code-before"
+    old.mkdir()
+    for name in utils.runs.MEASURING_CODE:
+        (old / name).write_text((utils.runs.Path(utils.runs.__file__).parent / name).read_text())
+    before = utils.runs.measuring_code
+    if change:
+        monkeypatch.setattr(utils.runs, "measuring_code",
+                            lambda folder=None: before(folder) if folder else before() + "\n# a helper removed")
+    monkeypatch.setenv("BOOK_REKEY_FROM", str(old))
+
+
+def test_rekey_stores_the_part_under_its_new_key_and_measures_nothing(tmp_path, resume, monkeypatch):
+    measure, calls = counted([1, 2])
+    new_run(tmp_path).part("a", measure)
+    first_key = stored(tmp_path)["a"]["key"]
+    keep_measuring_code(tmp_path, monkeypatch)
+    run = new_run(tmp_path)
+    assert run.part("a", measure) == [1, 2] and len(calls) == 1, "re-keyed, not measured"
+    entry = stored(tmp_path)["a"]
+    assert entry["rekeyed_from"] == first_key and entry["key"] != first_key and entry["result"] == [1, 2]
+    assert run.log[0]["how"] == "reused"
+    monkeypatch.delenv("BOOK_REKEY_FROM")
+    assert new_run(tmp_path).part("a", measure) == [1, 2] and len(calls) == 1, "the new key is reused as usual"
+
+
+def test_rekey_refuses_a_part_whose_own_code_changed_or_that_was_never_measured(tmp_path, resume, monkeypatch):
+    measure, calls = counted([1])
+    new_run(tmp_path).part("a", measure)
+    keep_measuring_code(tmp_path, monkeypatch)
+    other = notebook_function("def measure():\n    return [2]\n")  # other code under the same part name
+    with pytest.raises(RuntimeError, match="'a' of tiny cannot be re-keyed: more than the measuring code changed"):
+        new_run(tmp_path).part("a", other)
+    with pytest.raises(RuntimeError, match="'b' of tiny cannot be re-keyed: nothing is stored"):
+        new_run(tmp_path).part("b", measure)
+    assert len(calls) == 1 and "rekeyed_from" not in stored(tmp_path)["a"]
+
+
+MEASURE_SOURCE = "def measure():\n    seconds, out = utils.time_first_call(lambda: [1, 2])\n    return out\n"
+
+
+def test_rekey_reads_the_functions_a_part_calls_from_the_old_measuring_files(tmp_path, resume, monkeypatch):
+    """A part stored by an older library whose timing function it calls has since changed is re-keyed, not refused."""
+    import shutil
+    import subprocess
+    import sys
+
+    old_repo, kept = tmp_path / "old", tmp_path / "rekey-old"
+    shutil.copytree(REPO / "utils", old_repo / "utils", ignore=shutil.ignore_patterns("__pycache__"))
+    timing = old_repo / "utils" / "timing.py"
+    doc = '    """Seconds taken by one call of fn(), GPU work included: for a compiled fn, its compile time (chapter 1)."""\n'
+    assert doc in timing.read_text()
+    timing.write_text(timing.read_text().replace(doc, doc + "    # as it was\n"))  # the old time_first_call
+    kept.mkdir()
+    for name in utils.runs.MEASURING_CODE:
+        shutil.copy(old_repo / "utils" / name, kept / name)
+    script = old_repo / "measure_then.py"  # the part measured by the old library, in a process of its own
+    script.write_text(f"import sys\nsys.path.insert(0, {str(old_repo)!r})\nimport utils\nfrom utils.runs import Run\n\n\n"
+                      f"{MEASURE_SOURCE}\n\nprint(Run('tiny', 'smoke', {SIZES!r}, root={str(tmp_path)!r}).part('a', measure))\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=old_repo)
+    assert done.returncode == 0 and done.stdout.strip() == "[1, 2]", done.stderr[-2000:]
+    stored_key = stored(tmp_path)["a"]["key"]
+
+    measure = notebook_function(MEASURE_SOURCE, utils=utils)  # the same cell, with today's library
+    assert utils.runs.part_key("tiny", "a", "smoke", SIZES, measure) != stored_key, "today's key differs"
+    monkeypatch.setenv("BOOK_REKEY_FROM", str(kept))
+    run = new_run(tmp_path)
+    assert run.part("a", measure) == [1, 2] and run.log[0]["how"] == "reused"
+    assert stored(tmp_path)["a"]["rekeyed_from"] == stored_key
+
+
+def test_run_book_rekey_needs_resume_and_the_old_measuring_code(tmp_path, capsys):
+    for argv in (["--rekey-from", str(tmp_path)], ["--resume", "--rekey-from", str(tmp_path)]):
+        with pytest.raises(SystemExit) as stop:
+            utils.run_book.main(argv + ["notebooks/01_mechanism.ipynb"])
+        assert stop.value.code == 2
+        assert "--rekey-from needs --resume and a folder with the old compare.py" in capsys.readouterr().err
+    assert "BOOK_REKEY_FROM" not in os.environ
 
 
 def test_each_part_is_stored_apart(tmp_path, resume):

@@ -1,4 +1,5 @@
 """Unit tests of utils/: each would fail if the helper it checks were wrong."""
+import inspect
 import json
 import math
 import time
@@ -82,6 +83,7 @@ def fake_h200(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=None: "NVIDIA H200")
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=None: (9, 0))
     monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, device=None: caps.append(f))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", torch.cuda.mem_get_info)  # a simulation wraps it: undone after
     yield caps
     inductor_config.compile_threads = threads  # not monkeypatch: undoing it would delete the config entry
 
@@ -621,3 +623,33 @@ def test_ratio_text_gives_the_rounds_range_or_says_what_is_missing():
     assert ratio_text(row) == "2.10x (rounds 1.90-2.30x)"
     assert ratio_text(row, "speedup_vs_original") == "1.50x"  # no rounds stored: the ratio alone
     assert ratio_text(None) == "not measured" and ratio_text({}, missing="on a GPU only") == "on a GPU only"
+
+
+def test_max_autotune_is_left_out_on_a_gpu_with_too_few_sms_and_says_why(monkeypatch, fake_h200, capsys):
+    """A T4 (40 SMs) gets no max-autotune variants and a printed reason; an H200 (132 SMs) and a CPU keep them."""
+    from torch._inductor.utils import is_big_gpu
+
+    variants = [{"mode": "default"}, {"mode": "max-autotune-no-cudagraphs"}, "reduce-overhead",
+                {"options": {"max_autotune_gemm_backends": "ATEN"}}, "max-autotune"]
+    # the threshold is Inductor's own
+    assert f"min_sms = 16 if device.type == \"xpu\" else {utils.env.MAX_AUTOTUNE_MIN_SMS}" in \
+        inspect.getsource(is_big_gpu)
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda i=0: types.SimpleNamespace(name="NVIDIA H200", total_memory=int(150e9),
+                                                          multi_processor_count=132))
+    assert utils.without_max_autotune(variants, "cuda") == variants and utils.max_autotune_skip_reason("cuda") is None
+    assert utils.without_max_autotune(variants, "cpu") == variants
+    assert capsys.readouterr().out == ""
+    monkeypatch.setenv(utils.env.SIMULATE_ENV, "t4")
+    assert utils.without_max_autotune(variants, "cuda") == [{"mode": "default"}, "reduce-overhead"]
+    assert "Tesla T4 has 40 SMs" in capsys.readouterr().out
+
+
+def test_a_simulated_small_gpu_reports_its_own_free_memory(monkeypatch, fake_h200):
+    """Under a simulated T4, torch.cuda.mem_get_info reports at most the T4's 15 GB less what the process holds."""
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (140e9, 150e9))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: int(4e9))
+    monkeypatch.setenv(utils.env.SIMULATE_ENV, "t4")
+    utils.choose_preset()
+    assert torch.cuda.mem_get_info() == (int(11e9), int(15e9))
+    assert getattr(torch.cuda.mem_get_info, "simulated", False)

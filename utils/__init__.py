@@ -5,7 +5,8 @@ when first used.
 """
 from .compare import EAGER, break_even_calls, compare, compile_kwargs, describe, tolerance, variant_name
 from .glue import glue, glue_num, ratio_text
-from .env import choose_preset, gpu_name, gpu_slug, pick_device, pick_dtype, pick_preset, provenance, resolve_preset
+from .env import (choose_preset, gpu_name, gpu_slug, max_autotune_skip_reason, pick_device, pick_dtype, pick_preset,
+                  provenance, resolve_preset, without_max_autotune)
 from .models import Block, BlockStack, block_stack, count_params
 from .plots import cumulative_time, grouped_bars
 from .results import load_results, results_path, save_results

@@ -25,6 +25,8 @@ PATHS = ("eager", "compile", "mega", "aoti_build", "aoti", "precompile_build", "
 SIZES = {
     "smoke": {"resnet": dict(layers=[1, 1, 1, 1], image=32, classes=10, batch=2),
               "lm": dict(vocab=256, seq_len=16, n_layers=1, d_model=32, n_heads=2, batch=2)},
+    "workshop": {"resnet": dict(layers="resnet50", image=224, classes=1000, batch=8),
+                 "lm": dict(vocab=32000, seq_len=256, n_layers=4, d_model=1024, n_heads=16, batch=8)},
     "full": {"resnet": dict(layers="resnet50", image=224, classes=1000, batch=8),
              "lm": dict(vocab=32000, seq_len=256, n_layers=16, d_model=2048, n_heads=16, batch=8)},
 }

@@ -20,12 +20,17 @@ def pick_device():
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def gpu_capability():
+    """(major, minor) compute capability of the GPU this run acts as: the simulated small one, else the real (chapter 1)."""
+    small = simulated_gpu()
+    return tuple(small["capability"]) if small else torch.cuda.get_device_capability()
+
+
 def pick_dtype(device):
     """bf16 on GPUs of compute capability >= 8, fp16 on older GPUs (T4), fp32 on CPU (chapter 1)."""
     if device == "cpu":
         return torch.float32
-    small = simulated_gpu()
-    major, _ = small["capability"] if small else torch.cuda.get_device_capability()
+    major, _ = gpu_capability()
     return torch.bfloat16 if major >= 8 else torch.float16
 
 
@@ -47,9 +52,46 @@ def simulate_small_gpu(small):
     limit = small["memory_gb"] * 1e9
     torch.cuda.set_per_process_memory_fraction(min(1.0, limit / real.total_memory))
     inductor_config.compile_threads = 2  # Colab's two vCPUs
+    if not hasattr(torch.cuda.mem_get_info, "simulated"):  # what is free, as the small GPU would report it
+        real_mem_get_info = torch.cuda.mem_get_info
+
+        def mem_get_info(device=None):
+            free, _ = real_mem_get_info(device)
+            return min(free, max(0, int(limit) - torch.cuda.memory_reserved(device))), int(limit)
+
+        mem_get_info.simulated = True
+        torch.cuda.mem_get_info = mem_get_info
     return SimpleNamespace(name=f"{small['name']} (simulated on {real.name})", total_memory=limit,
                            multi_processor_count=small["sms"], major=small["capability"][0],
                            minor=small["capability"][1])
+
+
+MAX_AUTOTUNE_MIN_SMS = 68  # torch._inductor.utils.is_big_gpu: below this, max-autotune skips its matmul search
+
+
+def max_autotune_skip_reason(device):
+    """Why this GPU runs no max-autotune (too few SMs for Inductor's matmul search), or None where it can (chapter 1)."""
+    if device != "cuda":
+        return None
+    small = simulated_gpu()
+    if small:
+        name, sms = small["name"], small["sms"]
+    else:
+        props = torch.cuda.get_device_properties(0)
+        name, sms = props.name, props.multi_processor_count
+    if sms >= MAX_AUTOTUNE_MIN_SMS:
+        return None
+    return (f"{name} has {sms} SMs: Inductor searches matmul templates only on GPUs with at least "
+            f"{MAX_AUTOTUNE_MIN_SMS} (torch._inductor.utils.is_big_gpu), so this run leaves max-autotune out")
+
+
+def without_max_autotune(variants, device):
+    """The variants (modes or compile options) less max-autotune's on a GPU too small for it, saying why (chapter 1)."""
+    why = max_autotune_skip_reason(device)
+    if why is None:
+        return list(variants)
+    print(why)
+    return [v for v in variants if not re.search(r"max[-_]autotune", repr(v))]
 
 
 FULL_GPU_GB = 75  # an 80 GB card reports a little less

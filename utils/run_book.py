@@ -33,6 +33,7 @@ import torch
 
 from .benchmarks import RUNS_FILE
 from .env import REPO_ROOT, SIMULATE_ENV, SMALL_GPUS, git_commit, gpu_name, gpu_slug
+from .runs import MEASURING_CODE, REKEY_ENV
 
 NOTEBOOKS = REPO_ROOT / "notebooks"
 DEFAULT_OUT = REPO_ROOT / "_build" / "executed"
@@ -228,6 +229,9 @@ def main(argv=None):
                         help="store each measured part as it finishes and reuse stored ones")
     parser.add_argument("--max-seconds", type=float,
                         help="with --resume: stop starting parts after this many seconds; run again to go on")
+    parser.add_argument("--rekey-from", metavar="FOLDER",
+                        help="with --resume: measure nothing; keep each stored part whose key differs only by the "
+                             "measuring code, which FOLDER holds as it was (compare.py, timing.py, compiler.py)")
     parser.add_argument("--simulate", choices=sorted(SMALL_GPUS),
                         help="run as if on this small GPU (memory capped, its dtype, two compile threads); "
                              "the copies go under --out, never in place")
@@ -236,6 +240,12 @@ def main(argv=None):
         os.environ[SIMULATE_ENV] = args.simulate  # the kernel inherits it
     if args.max_seconds and not args.resume:
         parser.error("--max-seconds needs --resume (a run stopped without it keeps nothing)")
+    if args.rekey_from:
+        missing = [name for name in MEASURING_CODE if not (Path(args.rekey_from) / name).is_file()]
+        if not args.resume or missing:
+            parser.error("--rekey-from needs --resume and a folder with the old " + ", ".join(MEASURING_CODE)
+                         + (f" (missing: {', '.join(missing)})" if missing else ""))
+        os.environ[REKEY_ENV] = str(Path(args.rekey_from).resolve())  # the kernel inherits it
     notebooks = [Path(nb) for nb in args.notebooks] or sorted(NOTEBOOKS.glob("[0-9]*.ipynb"))
     missing = [str(nb) for nb in notebooks if not nb.exists()]
     if missing:

@@ -11,10 +11,14 @@ runner carries on in its next command. A part cut off mid-way is never stored.
 import datetime
 import hashlib
 import html
+import importlib.util  # (binds importlib too)
 import inspect
 import json
 import math
 import os
+import shutil
+import sys
+import tempfile
 import time
 import types
 from pathlib import Path
@@ -25,6 +29,7 @@ from .env import REPO_ROOT, gpu_name, gpu_slug, git_commit, provenance
 
 RESUME_ENV = "BOOK_RESUME"  # "1": reuse stored parts and store new ones
 DEADLINE_ENV = "BOOK_DEADLINE"  # epoch seconds after which no part may still be running
+REKEY_ENV = "BOOK_REKEY_FROM"  # a folder holding the measuring code as it was when the stored parts were measured
 MEASURING_CODE = ("compare.py", "timing.py", "compiler.py")  # a change here re-measures every part
 
 
@@ -75,9 +80,37 @@ def _names(code):
     return names
 
 
-def code_text(fn, depth=3, seen=None):
-    """The code a part's measurement depends on: fn's source, and what it reads from the notebook and utils (chapter 1)."""
+def _in_library(module_name, old):
+    """Whether a module belongs to the book's library (utils), or in a re-key to its old copy."""
+    top = (module_name or "").split(".")[0]
+    return top == "utils" or (old is not None and top == old.__name__)
+
+
+def _as_it_was(obj, old):
+    """obj as the old copy of the library has it, where obj is the library's; else obj itself.
+
+    Every library function is read from the copy (not only the measuring files' ones), so that a
+    function reached by two paths is one object there, as it was in the old library.
+    """
+    module = getattr(obj, "__module__", None) or ""
+    if old is None or module.split(".")[0] != "utils":
+        return obj
+    try:
+        found = importlib.import_module(old.__name__ + module[len("utils"):])
+    except ImportError:
+        return obj
+    for name in getattr(obj, "__qualname__", "").split("."):
+        found = getattr(found, name, None)
+    return found if found is not None else obj
+
+
+def code_text(fn, depth=3, seen=None, old=None):
+    """The code a part's measurement depends on: fn's source, and what it reads from the notebook and utils (chapter 1).
+
+    `old` (a re-key) is a copy of the library with the old measuring files: its functions are read from it.
+    """
     seen = set() if seen is None else seen
+    fn = _as_it_was(fn, old)
     if id(fn) in seen or depth < 0:
         return ""
     seen.add(id(fn))
@@ -96,14 +129,15 @@ def code_text(fn, depth=3, seen=None):
     for name in sorted(referenced):
         value = referenced[name]
         if isinstance(value, types.ModuleType):
-            if value.__name__.split(".")[0] == "utils":  # attributes it uses of the book's library
+            if _in_library(value.__name__, old):  # attributes it uses of the book's library
                 for attr in sorted(n for n in names if "." not in n):  # "a.b" is an import's module path
                     member = getattr(value, attr, None)
                     if inspect.isfunction(member) or inspect.isclass(member):
-                        texts.append(code_text(member, depth - 1, seen))
+                        texts.append(code_text(member, depth - 1, seen, old))
         elif inspect.isfunction(value) or inspect.isclass(value):
-            if (getattr(value, "__module__", "") or "").split(".")[0] in ("utils", "__main__", "__mp_main__"):
-                texts.append(code_text(value, depth - 1, seen))
+            module = getattr(value, "__module__", "") or ""
+            if _in_library(module, old) or module in ("__main__", "__mp_main__"):
+                texts.append(code_text(value, depth - 1, seen, old))
         elif from_notebook:  # data the notebook defines: sizes, configurations
             text = _value_text(value)
             if text is not None:
@@ -111,17 +145,36 @@ def code_text(fn, depth=3, seen=None):
     return "\n".join(texts)
 
 
-def measuring_code():
-    """The library's timing and comparison code, part of every part's key (chapter 1)."""
-    here = Path(__file__).resolve().parent
+def measuring_code(folder=None):
+    """The library's timing and comparison code (as it is, or as kept in `folder`), part of every part's key (chapter 1)."""
+    here = Path(folder) if folder else Path(__file__).resolve().parent
     return "\n".join((here / name).read_text() for name in MEASURING_CODE)
 
 
-def part_key(chapter, name, preset, sizes, measure):
-    """A hash of all that decides a part's result: chapter, part, preset and sizes, GPU, torch, code (chapter 1)."""
+def old_library(folder):
+    """The library as it was: a copy of utils/ with the measuring files kept in `folder`, imported apart (chapter 1)."""
+    name = "utils_before_" + hashlib.sha256(str(Path(folder).resolve()).encode()).hexdigest()[:8]
+    if name not in sys.modules:
+        copy = Path(tempfile.mkdtemp(prefix="book-rekey-")) / name
+        shutil.copytree(Path(__file__).resolve().parent, copy, ignore=shutil.ignore_patterns("__pycache__"))
+        for file in MEASURING_CODE:
+            shutil.copy(Path(folder) / file, copy / file)
+        spec = importlib.util.spec_from_file_location(name, copy / "__init__.py", submodule_search_locations=[str(copy)])
+        sys.modules[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[name])
+    return sys.modules[name]
+
+
+def part_key(chapter, name, preset, sizes, measure, old_folder=None):
+    """A hash of all that decides a part's result: chapter, part, preset and sizes, GPU, torch, code (chapter 1).
+
+    With `old_folder`, the key the part had when the measuring files were those kept there (a re-key).
+    """
     what = json.dumps({"chapter": chapter, "part": name, "preset": preset, "sizes": sizes, "gpu": gpu_name(),
                        "torch": torch.__version__}, sort_keys=True, default=repr)
-    return hashlib.sha256((what + code_text(measure) + measuring_code()).encode()).hexdigest()[:16]
+    old = old_library(old_folder) if old_folder else None
+    code = code_text(measure, old=old) + measuring_code(old_folder)
+    return hashlib.sha256((what + code).encode()).hexdigest()[:16]
 
 
 def _finite(value):
@@ -151,6 +204,7 @@ class Run:
         self.chapter, self.preset, self.sizes = chapter, preset, sizes
         self.resume = os.environ.get(RESUME_ENV) == "1"
         self.deadline = float(os.environ[DEADLINE_ENV]) if os.environ.get(DEADLINE_ENV) else None
+        self.rekey_from = os.environ.get(REKEY_ENV) or None
         self.root, self.path = root, parts_path(chapter, root=root)
         self.log = []  # one entry per part: name, how (measured or reused), seconds, commit, date
         self.started = time.perf_counter()
@@ -189,6 +243,8 @@ class Run:
         """measure()'s result for this part: reused when stored with the same key, else measured (and stored) (chapter 1)."""
         key = part_key(self.chapter, name, self.preset, self.sizes, measure)
         entry = self.stored().get(name) if self.resume else None
+        if self.rekey_from:
+            entry = self._rekeyed(name, entry, key, measure)
         if entry and entry.get("key") == key and "result" in entry:
             self.log.append({"part": name, "how": "reused", **{k: entry.get(k) for k in ("seconds", "commit", "date")}})
             return entry["result"]
@@ -205,6 +261,27 @@ class Run:
                                "torch": torch.__version__, "result": result})
         self.log.append({"part": name, "how": "measured", "seconds": seconds, "commit": commit, "date": date})
         return result
+
+    def _rekeyed(self, name, entry, key, measure):
+        """The stored entry under the new key when only the measuring code changed since it was measured, else an error.
+
+        A re-key run (BOOK_REKEY_FROM) measures nothing: it recomputes each stored part's old key with
+        the measuring code kept in that folder (the whole files, and the functions of theirs the part
+        calls, read from an old copy of the library); where that equals the stored key, everything else
+        the part depends on is unchanged, so its result stands and is stored under the new key.
+        """
+        if not entry or "result" not in entry:  # a re-key measures nothing, not even a part cut off midway
+            raise RuntimeError(f"part {name!r} of {self.chapter} cannot be re-keyed: nothing is stored for it; "
+                               "measure it (run without --rekey-from)")
+        if entry.get("key") == key:
+            return entry
+        old = part_key(self.chapter, name, self.preset, self.sizes, measure, old_folder=self.rekey_from)
+        if entry.get("key") != old:
+            raise RuntimeError(f"part {name!r} of {self.chapter} cannot be re-keyed: more than the measuring code "
+                               "changed since it was measured; measure it (run without --rekey-from)")
+        entry = {**entry, "key": key, "rekeyed_from": old}
+        self._store(name, entry)
+        return entry
 
     def minutes(self):
         """How long the chapter takes top to bottom: this render's time plus what the reused parts took (chapter 1)."""
