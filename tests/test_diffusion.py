@@ -181,13 +181,47 @@ def test_captured_calls_replay_and_time(pipe, inputs):
     assert timing.median_ms > 0
 
 
-def test_amdahl_and_plan():
+def test_amdahl():
     assert diffusion.amdahl_speedup(0.85, 2.5) == pytest.approx(1 / 0.49)
     assert diffusion.amdahl_speedup(0.0, 10.0) == 1.0 and diffusion.amdahl_speedup(1.0, 3.0) == pytest.approx(3.0)
-    plan = diffusion.Plan(100, {"regional": 60})
-    assert plan.allows(30) and not plan.allows(50)
-    plan.done("regional")
-    assert plan.allows(50) and not plan.allows(200)
+
+
+def test_compare_prepared_times_each_prepared_model_against_eager_in_rounds(inputs):
+    """Eager against a regionally compiled UNet and a broken one: rows with rounds, compile s, graphs, error; a failure is a row."""
+    def repeated():
+        unet = fresh_unet()
+        diffusion.compile_repeated(unet, backend="eager", fullgraph=True)
+        return unet
+
+    def broken():
+        raise RuntimeError("no such model")
+
+    rows = diffusion.compare_prepared(fresh_unet, {"repeated": (repeated, None), "broken": (broken, None)}, (inputs,),
+                                      workload="unet_step", run=lambda unet, x: diffusion.run_unet_step(unet, *x),
+                                      min_run_time=0.05, extra={"resolution": 64})
+    eager, rep, bad = rows
+    assert (eager["variant"], eager["speedup"], eager["graphs"], eager["resolution"]) == ("eager", 1.0, 0, 64)
+    assert rep["status"] == "ok" and rep["workload"] == "unet_step" and rep["resolution"] == 64
+    assert rep["graphs"] >= 1 and rep["compile_s"] > 0 and rep["rounds"] == 7
+    assert rep["speedup_lo"] <= rep["speedup"] <= rep["speedup_hi"] and rep["eager_ms"] > 0
+    assert rep["rel_err"] < 1e-4, "the eager backend computes what eager does"
+    assert bad["status"] == "failed" and "no such model" in bad["reason"]
+
+
+def test_decoder_and_generation_rounds(pipe):
+    latents = diffusion.decode_inputs(pipe, 64)
+    decoder = diffusion.Decoder(pipe.vae)
+    assert torch.allclose(diffusion.run_decode(decoder, (latents,)), diffusion.vae_decode(pipe.vae, latents), atol=1e-5)
+    embeds = diffusion.text_embeddings(pipe)
+    other = diffusion.pipeline_with_unet(pipe, fresh_unet(), vae=diffusion.build_vae(TINY["vae"], "cpu", torch.float32))
+    assert other.vae is not pipe.vae and other.text_encoder is pipe.text_encoder
+    rows = diffusion.generation_rounds({"eager": lambda: diffusion.generate(pipe, *embeds, 64, 2),
+                                        "same weights": lambda: diffusion.generate(other, *embeds, 64, 2)}, rounds=3)
+    base, same = rows
+    assert base["variant"] == "eager" and base["speedup"] == base["speedup_lo"] == 1.0 and base["rel_err"] == 0.0
+    assert same["workload"] == "generation" and same["rounds"] == 3 and same["median_ms"] > 0
+    assert same["rel_err"] < 1e-4, "the same seed and weights give the same image"
+    assert same["first_s"] > 0 and same["compile_s"] >= 0
 
 
 def test_first_and_steady_counts_compiles():

@@ -5,6 +5,7 @@ Works with diffusers 0.42, transformers 5.17 to 5.24 and peft >= 0.17; never tou
 """
 import contextlib
 import copy
+import statistics
 import time
 from collections import Counter
 from pathlib import Path
@@ -12,7 +13,7 @@ from pathlib import Path
 import torch
 
 from .compare import break_even_calls
-from .timing import Budget, time_first_call, time_fn
+from .timing import time_first_call, time_fn
 
 # The Stable Diffusion 1.5 architecture, from the unet/, vae/, text_encoder/ and scheduler/ configs of its checkpoint.
 SD15_UNET = dict(sample_size=64, in_channels=4, out_channels=4, layers_per_block=2,
@@ -173,11 +174,12 @@ def vae_decode(vae, latents, seed=0):
         return vae.decode(latents, return_dict=False, generator=generator)[0]
 
 
-def pipeline_with_unet(pipe, unet):
-    """A pipeline sharing pipe's VAE, text encoder and scheduler config, with another UNet (chapter 5)."""
+def pipeline_with_unet(pipe, unet, vae=None):
+    """A pipeline sharing pipe's text encoder and scheduler config (and VAE, unless given), with another UNet (chapter 5)."""
     from diffusers import StableDiffusionPipeline
 
-    new = StableDiffusionPipeline(vae=pipe.vae, text_encoder=pipe.text_encoder, tokenizer=pipe.tokenizer, unet=unet,
+    new = StableDiffusionPipeline(vae=vae or pipe.vae, text_encoder=pipe.text_encoder, tokenizer=pipe.tokenizer,
+                                  unet=unet,
                                   scheduler=pipe.scheduler.__class__.from_config(pipe.scheduler.config),
                                   safety_checker=None, feature_extractor=None, requires_safety_checker=False)
     new.set_progress_bar_config(disable=True)
@@ -345,25 +347,6 @@ def relative_error(out, ref):
     return ((out.float() - ref).abs().max() / ref.abs().max().clamp_min(1e-12)).item()
 
 
-class Plan:
-    """A time budget that keeps the seconds required sections still need, so optional ones are skipped in time (chapter 5)."""
-
-    def __init__(self, seconds, required):
-        self.budget, self.owed = Budget(seconds), dict(required)
-
-    def spent(self):
-        """Seconds since the plan started (chapter 5)."""
-        return self.budget.spent()
-
-    def allows(self, seconds):
-        """Whether `seconds` more fit, after keeping what the required sections not yet run need (chapter 5)."""
-        return self.budget.allows(seconds + sum(self.owed.values()))
-
-    def done(self, section):
-        """A required section has run: stop keeping time for it (chapter 5)."""
-        self.owed.pop(section, None)
-
-
 # --- chapter 5c: tuned variants against an eager baseline timed around them ----------------------------
 
 def interleaved_speedup(eager_before_ms, compiled_ms, eager_after_ms):
@@ -421,8 +404,11 @@ def swap_adapter(pipe, folder, how, adapter_name="style"):
 
 # --- plots and the panel ---------------------------------------------------------------------------
 
-def plot_step_and_compile(rows, eager_ms=None, title="", axes=None):
-    """Two bar charts per row label: steady UNet step in ms (eager dashed) and compile seconds (chapter 5)."""
+def plot_step_and_compile(rows, eager_ms=None, title="", axes=None, floor_ms=None):
+    """Two bar charts per row label: steady UNet step in ms (eager dashed, the floor dotted) and compile seconds (chapter 5).
+
+    Each bar is labelled with its row's speedup (measured in rounds against eager) where it has one.
+    """
     import matplotlib.pyplot as plt
 
     if axes is None:
@@ -432,6 +418,9 @@ def plot_step_and_compile(rows, eager_ms=None, title="", axes=None):
     axes[0].barh(ys, [r["median_ms"] for r in rows], color="tab:blue")
     if eager_ms:
         axes[0].axvline(eager_ms, color="grey", ls="--", lw=1, label="eager")
+    if floor_ms:
+        axes[0].axvline(floor_ms, color="black", ls=":", lw=1.2, label="floor: the GPU's own time")
+    if eager_ms or floor_ms:
         axes[0].legend(fontsize="small", loc="lower right")
     axes[0].set_xlabel("ms per UNet step (lower is better)")
     axes[1].barh(ys, [r.get("compile_s") or 0.0 for r in rows], color="tab:orange")
@@ -442,8 +431,9 @@ def plot_step_and_compile(rows, eager_ms=None, title="", axes=None):
     axes[0].set_yticklabels(labels, fontsize="small")
     axes[1].set_yticklabels([])
     for y, r in zip(ys, rows):
-        if eager_ms:
-            axes[0].annotate(f" {eager_ms / r['median_ms']:.2f}x", (r["median_ms"], y), va="center", fontsize="small")
+        ratio = r.get("speedup") or (eager_ms / r["median_ms"] if eager_ms else None)
+        if ratio:
+            axes[0].annotate(f" {ratio:.2f}x", (r["median_ms"], y), va="center", fontsize="small")
     axes[0].figure.suptitle(title, fontsize="medium")
     axes[0].figure.tight_layout()
     return axes
@@ -478,3 +468,86 @@ def diffusion_panel(run, modes, scopes, resolutions, rows=None):
                                                 f"{v['resolution']}x{v['resolution']} ...")
     panel.rows = rows
     return panel
+
+
+# --- chapter 5 measured in parts: eager against a prepared model, in alternating rounds ---------------------
+
+def run_unet_step(unet, inputs):
+    """The UNet workload for utils.compare: one guided step, a new CUDA-graph iteration marked first (chapter 5)."""
+    from .compiler import cudagraph_step_begin
+
+    cudagraph_step_begin()
+    return unet_step(unet, *inputs)
+
+
+def run_decode(decoder, inputs):
+    """The VAE-decode workload for utils.compare: the decoder on the latents, without gradients (chapter 5)."""
+    with torch.no_grad():
+        return decoder(*inputs)
+
+
+class Decoder(torch.nn.Module):
+    """The VAE's decode as a module, so that it is compiled and timed like any model (chapter 5)."""
+
+    def __init__(self, vae):
+        super().__init__()
+        self.vae = vae
+
+    def forward(self, latents):
+        return self.vae.decode(latents, return_dict=False)[0]
+
+
+def compare_prepared(make_eager, variants, inputs, *, workload, run, min_run_time=1.0, extra=None):
+    """Eager against models their own functions prepared (compiled whole, by region, or re-laid out), in alternating rounds (chapter 5).
+
+    `variants` maps a name to (make_prepared, mode): make_prepared() returns the model ready to call,
+    mode is the torch.compile mode it used (a CUDA-graph mode is timed by its own replays). Rows as
+    utils.compare gives them: speedup with the range of its rounds, compile seconds (the first call),
+    GPU ms, graphs compiled, error against eager; a failure (an error, out of memory) is a row too.
+    """
+    from .compare import EAGER, failure_reason, max_abs_error, measure_against, measure_eager, row
+    from .compiler import free_compiled
+
+    fields = {"workload": workload, **(extra or {})}
+    eager_model, eager_out, eager_row = measure_eager(make_eager, inputs, run=run, min_run_time=min_run_time)
+    rows = [row("ok", variant="eager", **fields, graphs=0, **eager_row)]
+    for variant, (make_prepared, mode) in variants.items():
+        try:
+            result, out, graphs = measure_against(eager_model, make_prepared, inputs, {**EAGER, "mode": mode},
+                                                  run=run, min_run_time=min_run_time)
+        except Exception as error:  # a failed variant is a result: report it and go on
+            free_compiled()
+            rows.append(row("failed", failure_reason(error), variant=variant, **fields))
+            continue
+        rows.append(row("ok", variant=variant, **fields, mode=mode, **result, graphs=graphs,
+                        max_abs_err=max_abs_error(out, eager_out),
+                        rel_err=relative_error(out, eager_out)))
+        del out
+        free_compiled()
+    del eager_model
+    free_compiled()
+    return rows
+
+
+def generation_rounds(generate_fns, rounds=5):
+    """Whole images from each generate function in alternating rounds: ms per image, speedup over the first, image error (chapter 5).
+
+    The first image of each is timed alone (it compiles whatever is compiled): `first_s`, and
+    `compile_s` (that first image less a steady one).
+    """
+    from .timing import quantiles, time_first_call, time_interleaved
+
+    images, first_s = {}, {}
+    for name, fn in generate_fns.items():
+        first_s[name], images[name] = time_first_call(fn)
+    timed = time_interleaved(generate_fns, rounds=rounds, min_run_time=0.0, warmup=1)
+    base = next(iter(generate_fns))
+    rows = []
+    for name in generate_fns:
+        ratios = timed.ratios(base, name)
+        p10, median, p90 = quantiles(timed.ms[name])
+        rows.append({"workload": "generation", "variant": name, "status": "ok", "median_ms": median, "p10_ms": p10,
+                     "p90_ms": p90, "first_s": first_s[name], "compile_s": max(first_s[name] - median / 1e3, 0.0),
+                     "speedup": statistics.median(ratios), "speedup_lo": min(ratios), "speedup_hi": max(ratios),
+                     "rounds": rounds, "rel_err": relative_error(images[name], images[base])})
+    return rows
