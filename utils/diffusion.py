@@ -551,3 +551,32 @@ def generation_rounds(generate_fns, rounds=5):
                      "speedup": statistics.median(ratios), "speedup_lo": min(ratios), "speedup_hi": max(ratios),
                      "rounds": rounds, "rel_err": relative_error(images[name], images[base])})
     return rows
+
+
+# --- chapter 5b: one compiled UNet called at several resolutions in turn ------------------------------
+
+def resolution_sweep(eager, compiled, inputs_by_resolution, step, min_run_time=1.0, rounds=5):
+    """Chapter 5b: call `compiled` at each resolution in turn: new graphs, compile s, then ms against eager in alternating rounds.
+
+    `step(model, inputs)` runs one UNet step; the resolutions are called in the dict's order, so a
+    recompile (or none) at each is what a service meeting them in that order pays. Per resolution:
+    new_graphs, compile_s (the first call less a steady step, 0 when nothing compiled), median_ms,
+    eager_ms, speedup with its spread over the rounds, and the output's error relative to eager.
+    """
+    from .timing import time_interleaved
+
+    per = []
+    for resolution, x in inputs_by_resolution.items():
+        before = graphs_compiled()
+        first_s, out = time_first_call(lambda: step(compiled, x))
+        new_graphs = graphs_compiled() - before
+        out = out.detach().clone()
+        timed = time_interleaved({"eager": lambda: step(eager, x), "compiled": lambda: step(compiled, x)},
+                                 rounds=rounds, min_run_time=min_run_time)
+        ratios, median_ms = timed.ratios("eager", "compiled"), timed.median_ms("compiled")
+        per.append({"resolution": resolution, "new_graphs": new_graphs, "first_s": first_s,
+                    "compile_s": max(first_s - median_ms / 1e3, 0.0) if new_graphs else 0.0,
+                    "median_ms": median_ms, "eager_ms": timed.median_ms("eager"),
+                    "speedup": statistics.median(ratios), "speedup_lo": min(ratios), "speedup_hi": max(ratios),
+                    "rel_err_vs_eager": relative_error(out, step(eager, x))})
+    return per
