@@ -380,6 +380,34 @@ def test_committed_results_hold_the_goal_measurements():
     assert {"lora_swap", "resolution"} <= {r["workload"] for r in serving if r["status"] == "ok"}
 
 
+# --- chapter 5b rewritten on the runner's parts: a draft until its GPU run replaces 05b -------------------
+
+DRAFT_5B = REPO / "notebooks" / "draft-05b_diffusion_serving.ipynb"
+
+
+def test_draft_5b_has_the_chapter_shape(repository_url):
+    from test_notebooks import check_draft_shape
+
+    code, prose = check_draft_shape(DRAFT_5B, repository_url)
+    assert 'utils.Run("05b_diffusion_serving", PRESET_NAME, P)' in code and "run.part(" in code
+    for plumbing in ("Budget(", "time_left", "deadline(", "compute_or_load", "needs_s", "time_budget_s"):
+        assert plumbing not in code, f"run-window plumbing in the draft: {plumbing}"
+
+
+@pytest.mark.slow
+def test_draft_5b_runs_in_smoke_preset_on_cpu(tmp_path, monkeypatch):
+    from test_notebooks import run_draft_smoke
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    nb, text = run_draft_smoke(DRAFT_5B, tmp_path)
+    assert re.search(r"hotswap: swap .* 0 new graph", text), "hotswap kept the compiled blocks"
+    assert re.search(r"new adapter: swap .* [1-9]\d* new graph", text), "the plain swap recompiled"
+    assert re.search(r"whole UNet, static at\s+128: 0 graph breaks, 0 recompiles; first call", text)
+    assert re.search(r"repeated blocks, dynamic=None \(default\) at\s+64: [1-9]\d* new graph", text)
+    assert re.search(r"repeated blocks, dynamic=None \(default\) at\s+128: 0 new graph", text), "dynamic by then"
+    assert re.search(r"repeated blocks, dynamic=True at\s+96: 0 new graph", text), "one compile serves all"
+
+
 # --- chapter 5c: tuned variants against an interleaved eager baseline, and its draft notebook ---------
 
 def test_5c_interleaved_speedup_and_break_even():

@@ -26,13 +26,6 @@ SMOKE_PRINTS = {
                               r"dynamic=None \(default\) at\s+\d+: 1 new graph",
                               r"dynamic=True at\s+\d+: 1 new graph",
                               r"warm cache, dynamic=None at\s+\d+: 1 new graph", r"default\+warm: done"],
-    # chapter 5b rewritten on the runner's parts, waiting for its GPU run before it replaces 05b
-    "draft-05b_diffusion_serving": [r"hotswap: swap .* 0 new graph",  # hotswap kept the compiled blocks
-                                    r"new adapter: swap .* [1-9]\d* new graph",  # the plain swap recompiled
-                                    r"whole UNet, static at\s+128: 0 graph breaks, 0 recompiles; first call",
-                                    r"repeated blocks, dynamic=None \(default\) at\s+64: [1-9]\d* new graph",
-                                    r"repeated blocks, dynamic=None \(default\) at\s+128: 0 new graph",
-                                    r"repeated blocks, dynamic=True at\s+96: 0 new graph"],  # one compile serves all
     "05c_diffusion_tuning": [r"default \+ channels_last:\s+\d",  # the reference variant ran
                              r"diffusers settings \+ channels_last:\s+\d",  # diffusers' settings run on a CPU too
                              r"max-autotune \+ channels_last: skipped: .*needs a GPU"],
