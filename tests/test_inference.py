@@ -416,9 +416,14 @@ def test_generated_code_summary_counts_kernels_and_external_matmuls():
     code = ("@triton.jit\ndef triton_poi_fused__to_copy_0(...):\n    ...\n"
             "@triton.jit\ndef triton_red_fused_mul_sum_1(...):\n    ...\n"
             "        extern_kernels.mm(buf0, reinterpret_tensor(arg1_1, (64, 48)), out=buf1)\n"
-            "        extern_kernels.addmm(arg2_1, buf1, arg3_1, alpha=1, beta=1, out=buf2)\n")
-    assert llm.generated_code_summary(code) == {"triton_kernels": 2, "extern_matmuls": 2}
-    assert llm.generated_code_summary("") == {"triton_kernels": 0, "extern_matmuls": 0}
+            "        extern_kernels.addmm(arg2_1, buf1, arg3_1, alpha=1, beta=1, out=buf2)\n"
+            "        buf3 = extern_kernels._weight_int8pack_mm(arg0_1, arg1_1, arg2_1)\n"
+            "        buf4 = torch.ops.aten._weight_int4pack_mm.default(buf3, arg4_1, 128, arg5_1)\n"
+            "        buf5 = torch.ops.quantized.int4mm_packed_weight_cpu.default(buf4, arg6_1, constant0, arg7_1)\n"
+            "        assert_tensor_metadata(buf5, (1, 256), (256, 1), torch.float32, "
+            "'torch.ops.aten._weight_int4pack_mm_for_cpu.default')\n")
+    assert llm.generated_code_summary(code) == {"triton_kernels": 2, "extern_matmuls": 2, "weight_only_kernels": 3}
+    assert llm.generated_code_summary("") == {"triton_kernels": 0, "extern_matmuls": 0, "weight_only_kernels": 0}
 
 
 def test_draft_3b_has_the_chapter_shape(repository_url):

@@ -4,6 +4,7 @@ Works with transformers 5.17 to 5.24 (the forward's cache argument was renamed f
 """
 import inspect
 import os
+import re
 from pathlib import Path
 
 import torch
@@ -421,10 +422,14 @@ def matmul_weight_bytes(model):
     return linear_weight_bytes(model) + quantized
 
 
+WEIGHT_ONLY_CALL = re.compile(r"(?:extern_kernels|torch\.ops\.\w+)\.\w*(?:int8pack_mm|int4pack_mm|int4mm)\w*(?:\.default)?\(")
+
+
 def generated_code_summary(code):
-    """How Inductor lowered a graph, from its generated code: Triton kernels defined, calls to external matmuls (chapter 3b)."""
+    """How Inductor lowered a graph, from its generated code: Triton kernels, external matmuls, weight-only kernels (chapter 3b)."""
     return {"triton_kernels": code.count("@triton.jit"),
-            "extern_matmuls": sum(code.count(f"extern_kernels.{op}(") for op in ("mm", "addmm", "bmm"))}
+            "extern_matmuls": sum(code.count(f"extern_kernels.{op}(") for op in ("mm", "addmm", "bmm")),
+            "weight_only_kernels": len(WEIGHT_ONLY_CALL.findall(code))}  # PyTorch's int8 and int4 kernels, called
 
 
 def kv_cache_bytes(config, batch, length, dtype):
