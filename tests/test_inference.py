@@ -443,5 +443,9 @@ def test_draft_3b_runs_in_smoke_preset_on_cpu(tmp_path, monkeypatch):
     nb, text = run_draft_smoke(path, tmp_path)
     assert re.search(r"loop-default:\s+[\d,.]+ tok/s = .* of its roofline, [\d.]+x eager loop", text)
     assert re.search(r"int8-default:\s+[\d,.]+ tok/s = .* of its roofline, [\d.]+x loop-default", text)
+    assert re.search(r"int8-kernel-default:\s+[\d,.]+ tok/s = .* of its roofline, [\d.]+x loop-default", text)
+    assert re.search(r"int4-tinygemm-default:\s+[\d,.]+ tok/s = .* of its roofline, [\d.]+x loop-default", text)
     assert "int8-cudagraphs-cd: skipped: coordinate-descent tuning" in text  # the GPU-only variant says so
+    assert "int8-max-autotune: skipped" in text
+    assert re.search(r"int4, over \d+ forced steps: .* same next token in [\d.]+% of the steps", text)
     assert re.search(r"same next token in [\d.]+% of the steps", text)
