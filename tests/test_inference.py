@@ -321,6 +321,88 @@ def test_int8_model_decodes_with_the_compiled_loop():
     torch._dynamo.reset()
 
 
+def test_int8_kernel_linear_is_the_int8_product_through_aten():
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(64, 48, bias=True)
+    quantized = llm.Int8KernelLinear(linear)
+    assert torch.equal(quantized.weight, llm.Int8Linear(linear).weight)  # the same int8 codes and scales
+    x = torch.randn(2, 5, 64)  # a 3-D input, as the decoder gives it: the kernel itself takes 2-D
+    reference = torch.nn.functional.linear(x, quantized.weight.float() * quantized.scale[:, None], linear.bias)
+    out = quantized(x)
+    assert out.shape == (2, 5, 48)
+    # fp32 both ways, only the order of a 64-term sum differs: far below the int8 rounding (about 1e-2 of the range)
+    assert (out - reference).abs().max() <= 1e-5 * reference.abs().max()
+
+
+def test_int4_group_quantize_rounds_each_group_to_the_nearest_of_sixteen_levels():
+    torch.manual_seed(0)
+    weight = torch.randn(48, 256)
+    q, scales_and_zeros = llm.int4_group_quantize(weight, 64)
+    assert q.dtype == torch.int32 and q.min() >= 0 and q.max() <= 15 and scales_and_zeros.shape == (4, 48, 2)
+    dequantized = llm.int4_dequantize(q, scales_and_zeros, 64)
+    groups, steps = weight.reshape(48, 4, 64), scales_and_zeros[..., 0].T[..., None]
+    error = (dequantized.reshape(48, 4, 64) - groups).abs()
+    assert (error <= steps / 2 + 1e-6).all()  # the nearest level: never more than half a step away
+    assert torch.allclose(dequantized.reshape(48, 4, 64).amin(-1), groups.amin(-1), atol=1e-6)  # q = 0 is the minimum
+    assert torch.allclose(dequantized.reshape(48, 4, 64).amax(-1), groups.amax(-1), atol=1e-5)  # q = 15 the maximum
+    with pytest.raises(ValueError, match="do not divide"):
+        llm.int4_group_quantize(torch.randn(16, 96), 64)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_int4_linear_computes_the_product_of_its_dequantized_weights(dtype):
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(256, 48, bias=True).to(dtype)
+    quantized = llm.Int4Linear(linear, group_size=64)  # on a CPU: _convert_weight_to_int4pack_for_cpu
+    assert quantized.weight.nbytes == 48 * 256 // 2  # half a byte a weight
+    x = torch.randn(1, 3, 256, dtype=dtype)
+    out = quantized(x)
+    q, scales_and_zeros = llm.int4_group_quantize(linear.weight, 64)
+    dequantized = llm.int4_dequantize(q, scales_and_zeros, 64)
+    reference = torch.nn.functional.linear(x.float(), dequantized, linear.bias.float())
+    assert out.shape == (1, 3, 48) and out.dtype == dtype
+    # fp32: the kernel dequantizes exactly as int4_dequantize and only a 256-term sum's order differs (1e-5);
+    # bf16: the output is rounded to 8 bits of mantissa (2**-9 relative) after an fp32 sum (1e-2 leaves room for both).
+    # A wrong nibble order or zero point is off by whole quantization steps, about 1e-1 of the range.
+    tolerance = 1e-5 if dtype == torch.float32 else 1e-2
+    assert (out.float() - reference).abs().max() <= tolerance * reference.abs().max()
+    error = (out.float() - linear(x).float()).abs().max() / linear(x).float().abs().max()
+    assert 0 < error < 0.15  # 16 levels a group: close to the original weights, not equal
+
+
+def test_quantize_int4_and_int8_kernel_replace_every_linear_at_about_half_the_int8_bytes():
+    sizes = dict(LLAMA_TINY, hidden_size=256, head_dim=64, intermediate_size=512)  # room for groups of 128
+    build = lambda: llm.build_model(llm.llama_config(**sizes, initializer_range=0.3), "cpu", torch.bfloat16)
+    linears = 7 * sizes["num_hidden_layers"] + 1
+    shapes = [m.weight.shape for m in build().modules() if isinstance(m, torch.nn.Linear)]
+    int8, kernel, int4 = llm.quantize_int8(build()), llm.quantize_int8_kernel(build()), llm.quantize_int4(build(), 128)
+    for model, cls in ((int8, llm.Int8Linear), (kernel, llm.Int8KernelLinear), (int4, llm.Int4Linear)):
+        assert not any(isinstance(m, torch.nn.Linear) for m in model.modules())
+        assert sum(type(m) is cls for m in model.modules()) == linears
+    assert llm.matmul_weight_bytes(kernel) == llm.matmul_weight_bytes(int8)
+    # half a byte a weight, plus a bf16 scale and zero for every 128 weights of a row
+    assert llm.matmul_weight_bytes(int4) == sum(n * k // 2 + 2 * 2 * n * k // 128 for n, k in shapes)
+    assert 0.5 < llm.matmul_weight_bytes(int4) / llm.matmul_weight_bytes(int8) < 0.55
+
+
+@pytest.mark.parametrize("quantize", ["quantize_int8_kernel", "quantize_int4"])
+def test_kernel_quantized_models_decode_with_the_compiled_loop(quantize):
+    model = llm.build_model(llm.llama_config(**LLAMA_TINY, initializer_range=0.3), "cpu", torch.float32)
+    reference_model = llm.build_model(llm.llama_config(**LLAMA_TINY, initializer_range=0.3), "cpu", torch.float32)
+    make = getattr(llm, quantize)
+    quantized = make(model, 32) if quantize == "quantize_int4" else make(model)
+    prompt = llm.make_prompt(1, 6, LLAMA_TINY["vocab_size"], seed=2)
+    with torch.no_grad():
+        eager = llm.greedy_decode(llm.make_prefill(quantized), llm.make_step(quantized), prompt,
+                                  llm.static_cache(quantized, 16), 8)
+        step = torch.compile(llm.make_step(quantized), fullgraph=True, backend="aot_eager")
+        compiled = llm.greedy_decode(llm.make_prefill(quantized), step, prompt, llm.static_cache(quantized, 16), 8)
+        reference = llm.hf_generate(reference_model, prompt, 8)[:, 6:]
+    assert torch.equal(compiled, eager)
+    assert llm.leading_agreement(eager, reference) >= 1  # starts where the original weights do
+    torch._dynamo.reset()
+
+
 def test_fused_decoder_matches_generate_on_llama():
     model = llm.build_model(llm.llama_config(**LLAMA_TINY, initializer_range=0.3), "cpu", torch.float32)
     prompt = llm.make_prompt(1, 5, LLAMA_TINY["vocab_size"], seed=1)
@@ -334,9 +416,14 @@ def test_generated_code_summary_counts_kernels_and_external_matmuls():
     code = ("@triton.jit\ndef triton_poi_fused__to_copy_0(...):\n    ...\n"
             "@triton.jit\ndef triton_red_fused_mul_sum_1(...):\n    ...\n"
             "        extern_kernels.mm(buf0, reinterpret_tensor(arg1_1, (64, 48)), out=buf1)\n"
-            "        extern_kernels.addmm(arg2_1, buf1, arg3_1, alpha=1, beta=1, out=buf2)\n")
-    assert llm.generated_code_summary(code) == {"triton_kernels": 2, "extern_matmuls": 2}
-    assert llm.generated_code_summary("") == {"triton_kernels": 0, "extern_matmuls": 0}
+            "        extern_kernels.addmm(arg2_1, buf1, arg3_1, alpha=1, beta=1, out=buf2)\n"
+            "        buf3 = extern_kernels._weight_int8pack_mm(arg0_1, arg1_1, arg2_1)\n"
+            "        buf4 = torch.ops.aten._weight_int4pack_mm.default(buf3, arg4_1, 128, arg5_1)\n"
+            "        buf5 = torch.ops.quantized.int4mm_packed_weight_cpu.default(buf4, arg6_1, constant0, arg7_1)\n"
+            "        assert_tensor_metadata(buf5, (1, 256), (256, 1), torch.float32, "
+            "'torch.ops.aten._weight_int4pack_mm_for_cpu.default')\n")
+    assert llm.generated_code_summary(code) == {"triton_kernels": 2, "extern_matmuls": 2, "weight_only_kernels": 3}
+    assert llm.generated_code_summary("") == {"triton_kernels": 0, "extern_matmuls": 0, "weight_only_kernels": 0}
 
 
 def test_draft_3b_has_the_chapter_shape(repository_url):
@@ -356,5 +443,9 @@ def test_draft_3b_runs_in_smoke_preset_on_cpu(tmp_path, monkeypatch):
     nb, text = run_draft_smoke(path, tmp_path)
     assert re.search(r"loop-default:\s+[\d,.]+ tok/s = .* of its roofline, [\d.]+x eager loop", text)
     assert re.search(r"int8-default:\s+[\d,.]+ tok/s = .* of its roofline, [\d.]+x loop-default", text)
+    assert re.search(r"int8-kernel-default:\s+[\d,.]+ tok/s = .* of its roofline, [\d.]+x loop-default", text)
+    assert re.search(r"int4-tinygemm-default:\s+[\d,.]+ tok/s = .* of its roofline, [\d.]+x loop-default", text)
     assert "int8-cudagraphs-cd: skipped: coordinate-descent tuning" in text  # the GPU-only variant says so
+    assert "int8-max-autotune: skipped" in text
+    assert re.search(r"int4, over \d+ forced steps: .* same next token in [\d.]+% of the steps", text)
     assert re.search(r"same next token in [\d.]+% of the steps", text)

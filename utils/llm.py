@@ -4,6 +4,7 @@ Works with transformers 5.17 to 5.24 (the forward's cache argument was renamed f
 """
 import inspect
 import os
+import re
 from pathlib import Path
 
 import torch
@@ -323,26 +324,112 @@ class Int8Linear(torch.nn.Module):
         return out if self.bias is None else out + self.bias
 
 
-def quantize_int8(model):
-    """Replace every nn.Linear of model (in place) by an Int8Linear; returns model (chapter 3b)."""
+class Int8KernelLinear(Int8Linear):
+    """Int8Linear's weights and scales, multiplied by PyTorch's dedicated int8 kernel, aten._weight_int8pack_mm (chapter 3b)."""
+
+    def forward(self, x):
+        # The kernel takes a 2-D input, the int8 weight [N, K] and one scale per row [N] in the input's dtype.
+        out = torch.ops.aten._weight_int8pack_mm(x.reshape(-1, x.shape[-1]), self.weight, self.scale.to(x.dtype))
+        out = out.reshape(*x.shape[:-1], out.shape[-1])
+        return out if self.bias is None else out + self.bias
+
+
+def int4_group_quantize(weight, group_size):
+    """Asymmetric 4-bit groups along each row of weight [N, K]: (q int32 in 0..15, scales_and_zeros [K/g, N, 2]) (chapter 3b).
+
+    The convention of PyTorch's tinygemm kernels (aten/src/ATen/native/cuda/int4mm.cu, and
+    _group_quantize_tensor in test/test_linalg.py): w = (q - 8) * scale + zero, with zero = min + 8 * scale.
+    """
+    rows, cols = weight.shape
+    if cols % group_size:
+        raise ValueError(f"int4 groups of {group_size} do not divide the {cols} input features of a weight")
+    groups = weight.detach().float().reshape(rows, cols // group_size, group_size)
+    low, high = groups.amin(dim=-1, keepdim=True), groups.amax(dim=-1, keepdim=True)
+    scale = (high - low).clamp(min=1e-6) / 15  # 16 levels from the group's smallest to its largest weight
+    q = ((groups - low) / scale).round().clamp(0, 15).to(torch.int32).reshape(rows, cols)
+    scales_and_zeros = torch.cat([scale, low + 8 * scale], dim=-1).transpose(0, 1).contiguous()
+    return q, scales_and_zeros.to(weight.dtype)
+
+
+def int4_dequantize(q, scales_and_zeros, group_size):
+    """The weight [N, K] that int4 codes and their scales_and_zeros stand for, (q - 8) * scale + zero, in fp32 (chapter 3b)."""
+    rows, cols = q.shape
+    scale, zero = scales_and_zeros.float().transpose(0, 1).unsqueeze(-1).unbind(dim=-2)  # each [N, K/g, 1]
+    groups = (q.float().reshape(rows, cols // group_size, group_size) - 8) * scale + zero
+    return groups.reshape(rows, cols)
+
+
+class Int4Linear(torch.nn.Module):
+    """nn.Linear with 4-bit weights in groups along K, multiplied by tinygemm (aten._weight_int4pack_mm) (chapter 3b).
+
+    Packed for the device the weight is on when quantized (CUDA: _convert_weight_to_int4pack; CPU:
+    _convert_weight_to_int4pack_for_cpu, a layout of its own): quantize the model where it runs.
+    """
+
+    def __init__(self, linear, group_size=128, inner_k_tiles=8):
+        super().__init__()
+        q, scales_and_zeros = int4_group_quantize(linear.weight, group_size)
+        self.group_size, self.out_features = group_size, linear.out_features
+        self.on_cuda = linear.weight.device.type == "cuda"
+        if self.on_cuda:  # uint8 [N, K/2], the even column in the high nibble; packed into int32 tiles
+            packed = torch.ops.aten._convert_weight_to_int4pack(
+                (q[:, ::2] << 4 | q[:, 1::2]).to(torch.uint8), inner_k_tiles)
+        else:  # int32 [N, K], one code a value; packed into uint8 [N, K/2]
+            packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, inner_k_tiles)
+        self.register_buffer("weight", packed)
+        self.register_buffer("scales_and_zeros", scales_and_zeros)
+        self.bias = linear.bias
+
+    def forward(self, x):
+        mm = torch.ops.aten._weight_int4pack_mm if self.on_cuda else torch.ops.aten._weight_int4pack_mm_for_cpu
+        out = mm(x.reshape(-1, x.shape[-1]), self.weight, self.group_size, self.scales_and_zeros)
+        out = out.reshape(*x.shape[:-1], self.out_features)
+        return out if self.bias is None else out + self.bias
+
+
+def quantize_linears(model, make):
+    """Replace every nn.Linear of model (in place) by make(linear); returns model (chapter 3b)."""
     for name, child in model.named_children():
         if isinstance(child, torch.nn.Linear):
-            setattr(model, name, Int8Linear(child))
+            setattr(model, name, make(child))
         else:
-            quantize_int8(child)
+            quantize_linears(child, make)
     return model
 
 
+def quantize_int8(model):
+    """Replace every nn.Linear of model (in place) by an Int8Linear; returns model (chapter 3b)."""
+    return quantize_linears(model, Int8Linear)
+
+
+def quantize_int8_kernel(model):
+    """Replace every nn.Linear of model (in place) by an Int8KernelLinear; returns model (chapter 3b)."""
+    return quantize_linears(model, Int8KernelLinear)
+
+
+def quantize_int4(model, group_size=128):
+    """Replace every nn.Linear of model (in place) by an Int4Linear of group_size; returns model (chapter 3b)."""
+    return quantize_linears(model, lambda linear: Int4Linear(linear, group_size))
+
+
+QUANTIZED_LINEARS = (Int8Linear, Int4Linear)  # Int8KernelLinear is an Int8Linear
+
+
 def matmul_weight_bytes(model):
-    """Bytes of the weights a decode step's products read: linear_weight_bytes plus Int8Linear weights and scales (chapter 3b)."""
-    int8 = sum(t.numel() * t.element_size() for m in model.modules() if isinstance(m, Int8Linear) for t in (m.weight, m.scale))
-    return linear_weight_bytes(model) + int8
+    """Bytes of the weights a decode step's products read: linear_weight_bytes plus quantized linears' buffers (chapter 3b)."""
+    quantized = sum(t.numel() * t.element_size() for m in model.modules() if isinstance(m, QUANTIZED_LINEARS)
+                    for t in m.buffers(recurse=False))  # codes, scales (and zeros)
+    return linear_weight_bytes(model) + quantized
+
+
+WEIGHT_ONLY_CALL = re.compile(r"(?:extern_kernels|torch\.ops\.\w+)\.\w*(?:int8pack_mm|int4pack_mm|int4mm)\w*(?:\.default)?\(")
 
 
 def generated_code_summary(code):
-    """How Inductor lowered a graph, from its generated code: Triton kernels defined, calls to external matmuls (chapter 3b)."""
+    """How Inductor lowered a graph, from its generated code: Triton kernels, external matmuls, weight-only kernels (chapter 3b)."""
     return {"triton_kernels": code.count("@triton.jit"),
-            "extern_matmuls": sum(code.count(f"extern_kernels.{op}(") for op in ("mm", "addmm", "bmm"))}
+            "extern_matmuls": sum(code.count(f"extern_kernels.{op}(") for op in ("mm", "addmm", "bmm")),
+            "weight_only_kernels": len(WEIGHT_ONLY_CALL.findall(code))}  # PyTorch's int8 and int4 kernels, called
 
 
 def kv_cache_bytes(config, batch, length, dtype):
