@@ -460,3 +460,34 @@ def test_verdict_reads_the_range_of_the_rounds():
     assert training.verdict({"speedup": 1.1, "speedup_lo": 0.9, "speedup_hi": 1.3}) == "about as fast as"
     assert training.verdict({"speedup": 1.3}) == "faster than"
     assert training.verdict(None) == "not measured against"
+
+
+# --- the draft of chapter 2: one notebook measured in parts, until its GPU run replaces 02, 02b and 02c ----
+
+DRAFT_2 = REPO / "notebooks" / "draft-02_training.ipynb"
+
+
+def test_draft_2_has_the_chapter_shape(repository_url):
+    from test_notebooks import check_draft_shape
+
+    code, prose = check_draft_shape(DRAFT_2, repository_url)
+    assert 'utils.Run("02_training", PRESET_NAME, P)' in code and "run.part(" in code
+    for plumbing in ("Budget", "time_left", "deadline", "compute_or_load", "needs_s", "stored_rows",
+                     "time_budget_s"):
+        assert plumbing not in code + prose, f"run-window plumbing in the draft: {plumbing}"
+    for word in ("n/a", "unfinished", "did not run"):
+        assert word not in code + prose
+
+
+@pytest.mark.slow
+def test_draft_2_runs_in_smoke_preset_on_cpu(tmp_path, monkeypatch):
+    from test_notebooks import run_draft_smoke
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    nb, text = run_draft_smoke(DRAFT_2, tmp_path)
+    assert re.search(r"resnet batch 2, default: [\d.]+ ms, [\d.]+x \(rounds", text), "ResNet against eager in rounds"
+    assert re.search(r"resnet batch 2, reduce-overhead: skipped: .*needs a GPU", text)
+    assert re.search(r"micro-batches x 3 steps: 1 graph\(s\) compiled", text), "accumulation did not recompile"
+    assert re.search(r"tensor lr: 1 graph\(s\)", text), "a tensor lr compiles once"
+    assert re.search(r"regional: [\d.]+ ms, .* 1 graph\(s\)", text), "one graph serves every block"
+    assert re.search(r"batch 8, max-autotune-no-cudagraphs: [\d.]+ ms", text)
