@@ -391,3 +391,103 @@ def test_2c_committed_autotune_rows_are_timed_unfinished_or_skipped_with_a_reaso
             assert statuses[statuses.index("unfinished") + 1:] in ([], ["skipped"])
         sources = {r.get("source") for r in rows.values()}
         assert len(sources) == 1  # one batch's rows come from one run: measured together or loaded together
+
+
+# --- chapter 2 measured in parts (the draft notebook's helpers) ------------------------------------
+
+def test_spec_peak_by_gpu_name():
+    assert training.spec_bf16_flops("NVIDIA H200") == 989e12
+    assert training.spec_bf16_flops("NVIDIA H100 80GB HBM3") == 989e12
+    assert training.spec_bf16_flops("NVIDIA H100 PCIe") == 756e12  # not the SXM part's
+    assert training.spec_bf16_flops("NVIDIA A100-SXM4-80GB") == 312e12
+    assert training.spec_bf16_flops("cpu") is None
+
+
+def test_with_mfu_divides_by_the_measured_rate_and_the_spec_peak():
+    rows = [{"status": "ok", "median_ms": 100.0}, {"status": "failed", "reason": "x"}]
+    out = training.with_mfu(rows, step_flops=50e12, matmul_rate=1000e12, spec_peak=500e12)
+    assert out[0]["mfu"] == pytest.approx(0.5) and out[0]["mfu_spec"] == pytest.approx(1.0)
+    assert out[1] == rows[1]
+    assert training.with_mfu(rows[:1], 50e12, 1000e12)[0]["mfu_spec"] is None
+
+
+def test_against_eager_times_a_compiled_step_in_rounds():
+    torch.manual_seed(0)
+    inputs = tokens()
+
+
+    def compiled_model():
+        model = tiny_gpt()
+        model.compile()
+        return model
+
+    rows = training.against_eager(tiny_gpt, {"default": (compiled_model, None)}, inputs, min_run_time=0.05)
+    eager, default = rows
+    assert eager["variant"] == "eager" and default["variant"] == "default" and default["status"] == "ok"
+    assert default["speedup_lo"] <= default["speedup"] <= default["speedup_hi"] and default["rounds"] >= 5
+    assert default["graphs"] >= 1 and default["compile_s"] > 0
+    assert default["max_abs_err"] < 1e-3  # the first step's loss, same weights
+
+
+def test_optimizer_rounds_compares_variants_in_the_same_rounds(monkeypatch):
+    model = tiny_gpt()
+    rows = training.optimizer_rounds(model, rounds=3, min_run_time=0.05)
+    assert [r["variant"] for r in rows] == list(training.OPTIMIZER_VARIANTS)
+    first = rows[0]
+    assert first["speedup"] == first["speedup_lo"] == first["speedup_hi"] == 1.0  # against itself
+    compiled = rows[-1]
+    assert compiled["status"] == "ok" and compiled["compile_s"] > 0 and compiled["median_ms"] > 0
+    assert compiled["speedup_lo"] <= compiled["speedup"] <= compiled["speedup_hi"]
+    # a variant that cannot be built is a failed row with its reason, and the others are still timed
+    monkeypatch.setitem(training.OPTIMIZER_VARIANTS, "fused=True", {"no_such_argument": True})
+    rows = training.optimizer_rounds(model, rounds=3, min_run_time=0.05)
+    by = {r["variant"]: r for r in rows}
+    assert by["fused=True"]["status"] == "failed" and "no_such_argument" in by["fused=True"]["reason"]
+    assert by["compiled"]["status"] == "ok" and by["eager foreach"]["speedup"] == 1.0
+
+
+def test_profile_row_on_cpu_times_and_profiles_the_step():
+    row = training.profile_row(tiny_gpt(), tokens(), steps=2, min_run_time=0.05)
+    assert row["median_ms"] > 0 and row["kernel_ms"] > 0 and row["gap_ms"] is None  # no GPU, no gap
+    assert row["activity"].startswith("CPU") and row["profiled_steps"] == 2
+    assert {f"phase_host_ms_{p}" for p in training.PHASES} <= set(row)
+    json.dumps(row)  # a part's result must be JSON data
+
+
+def test_verdict_reads_the_range_of_the_rounds():
+    assert training.verdict({"speedup": 1.5, "speedup_lo": 1.2, "speedup_hi": 1.8}) == "faster than"
+    assert training.verdict({"speedup": 0.8, "speedup_lo": 0.7, "speedup_hi": 0.9}) == "slower than"
+    assert training.verdict({"speedup": 1.1, "speedup_lo": 0.9, "speedup_hi": 1.3}) == "about as fast as"
+    assert training.verdict({"speedup": 1.3}) == "faster than"
+    assert training.verdict(None) == "not measured against"
+
+
+# --- the draft of chapter 2: one notebook measured in parts, until its GPU run replaces 02, 02b and 02c ----
+
+DRAFT_2 = REPO / "notebooks" / "draft-02_training.ipynb"
+
+
+def test_draft_2_has_the_chapter_shape(repository_url):
+    from test_notebooks import check_draft_shape
+
+    code, prose = check_draft_shape(DRAFT_2, repository_url)
+    assert 'utils.Run("02_training", PRESET_NAME, P)' in code and "run.part(" in code
+    for plumbing in ("Budget", "time_left", "deadline", "compute_or_load", "needs_s", "stored_rows",
+                     "time_budget_s"):
+        assert plumbing not in code + prose, f"run-window plumbing in the draft: {plumbing}"
+    for word in ("n/a", "unfinished", "did not run"):
+        assert word not in code + prose
+
+
+@pytest.mark.slow
+def test_draft_2_runs_in_smoke_preset_on_cpu(tmp_path, monkeypatch):
+    from test_notebooks import run_draft_smoke
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    nb, text = run_draft_smoke(DRAFT_2, tmp_path)
+    assert re.search(r"resnet batch 2, default: [\d.]+ ms, [\d.]+x \(rounds", text), "ResNet against eager in rounds"
+    assert re.search(r"resnet batch 2, reduce-overhead: skipped: .*needs a GPU", text)
+    assert re.search(r"micro-batches x 3 steps: 1 graph\(s\) compiled", text), "accumulation did not recompile"
+    assert re.search(r"tensor lr: 1 graph\(s\)", text), "a tensor lr compiles once"
+    assert re.search(r"regional: [\d.]+ ms, .* 1 graph\(s\)", text), "one graph serves every block"
+    assert re.search(r"batch 8, max-autotune-no-cudagraphs: [\d.]+ ms", text)

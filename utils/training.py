@@ -2,6 +2,7 @@
 chapter 2c's: a profile of the training step by kernel category and phase, results measured or loaded."""
 import contextlib
 import json
+import statistics
 import tempfile
 from pathlib import Path
 
@@ -340,6 +341,96 @@ def compute_or_load(keys, measure, stored, fits):
         else:
             results[key] = ([], "skipped")
     return results
+
+
+# --- chapter 2 measured in parts: eager against prepared steps, the optimizer in rounds, profiles, floors ---
+
+# Data sheets' dense bf16 tensor-core peaks (no sparsity), FLOP/s, by a name the GPU's name contains; the first match wins.
+SPEC_BF16_FLOPS = (("H200", 989e12), ("H100 PCIe", 756e12), ("H100", 989e12), ("A100", 312e12), ("L40S", 362e12),
+                   ("A10G", 70e12), ("A10", 125e12), ("L4", 121e12), ("T4", 65e12))
+
+
+def spec_bf16_flops(gpu):
+    """The data sheet's dense bf16 peak of a GPU by its name (T4: fp16, it has no bf16 units), or None (chapter 2)."""
+    return next((flops for name, flops in SPEC_BF16_FLOPS if name.lower() in str(gpu).lower()), None)
+
+
+def with_mfu(rows, step_flops, matmul_rate, spec_peak=None):
+    """Rows with `mfu` (fraction of the measured matmul rate) and `mfu_spec` (of the data sheet's peak, or None) (chapter 2)."""
+    return [{**r, "mfu": mfu(step_flops, r["median_ms"] / 1e3, matmul_rate),
+             "mfu_spec": None if not spec_peak else mfu(step_flops, r["median_ms"] / 1e3, spec_peak)}
+            if r.get("status") == "ok" and r.get("median_ms") else r for r in rows]
+
+
+def against_eager(make_eager, variants, inputs, *, min_run_time=1.0, workload="train_step", extra=None):
+    """Eager training steps against each prepared model's ({name: (make_prepared, mode)}), in alternating rounds (chapter 2).
+
+    The rows of diffusion.compare_prepared with `train_step` as the step: speedup with the range of
+    its rounds, compile seconds (the first step), GPU ms, graphs, peak memory, error of the first loss.
+    """
+    from .diffusion import compare_prepared
+
+    return compare_prepared(make_eager, variants, inputs, workload=workload, run=lambda m, x: train_step(m, x),
+                            min_run_time=min_run_time, extra=extra)
+
+
+def optimizer_rounds(model, variants=OPTIMIZER_VARIANTS, rounds=7, min_run_time=1.0, lr=3e-4):
+    """Each AdamW variant's step on model's parameters with fixed gradients: first call alone, then all in alternating rounds (chapter 2).
+
+    Rows: median ms and spread, compile_s (the compiled variant's first call), and the speedup over the
+    first variant as the median of per-round ratios with its range. A variant that fails is a row too.
+    """
+    from .compare import failure_reason
+    from .timing import quantiles, time_interleaved
+
+    fill_grads(model)
+    torch._dynamo.reset()
+    steps, rows = {}, {}
+    for variant in variants:
+        try:
+            optimizer = torch.optim.AdamW(model.parameters(), lr=lr, **OPTIMIZER_VARIANTS[variant])
+            step = torch.compile(optimizer.step) if variant == "compiled" else optimizer.step
+            first_s, _ = time_first_call(step)
+        except Exception as error:  # fused AdamW is not built for every device; out of memory is a result too
+            rows[variant] = {"workload": "optimizer_step", "variant": variant, "status": "failed",
+                             "reason": failure_reason(error)}
+            continue
+        steps[variant] = step
+        rows[variant] = {"workload": "optimizer_step", "variant": variant, "status": "ok",
+                         "compile_s": first_s if variant == "compiled" else 0.0}
+    timed = time_interleaved(steps, rounds=rounds, min_run_time=min_run_time)
+    base = next(iter(steps), None)
+    for variant in steps:
+        ratios = timed.ratios(base, variant)
+        p10, median, p90 = quantiles(timed.ms[variant])
+        rows[variant].update(median_ms=median, p10_ms=p10, p90_ms=p90, speedup=statistics.median(ratios),
+                             speedup_lo=min(ratios), speedup_hi=max(ratios), rounds=rounds)
+    torch._dynamo.reset()
+    return [rows[v] for v in variants]
+
+
+def profile_row(model, inputs, steps, min_run_time=1.0):
+    """A prepared model's steady step time and its profile (profile_train_steps), flat: kernel ms, gap ms, by category and phase (chapter 2)."""
+    train_step(model, inputs)  # compiled models compile here, outside the timing and the profile
+    timing = time_fn(lambda: train_step(model, inputs), min_run_time=min_run_time)
+    prof = profile_train_steps(model, inputs, steps)
+    kernel_ms = sum(prof["category_us"].values()) / 1e3
+    cuda = prof["phase_us"] is not None
+    return {"median_ms": timing.median_ms, "activity": prof["activity"], "profiled_steps": steps,
+            "kernels_per_step": prof["kernels_per_step"], "graph_calls_per_step": prof["graph_calls_per_step"],
+            "kernel_ms": kernel_ms, "gap_ms": timing.median_ms - kernel_ms if cuda else None,
+            "host_ms": sum(prof["host_us"].values()) / 1e3,
+            **{f"kernel_ms_{c}": us / 1e3 for c, us in prof["category_us"].items()},
+            **{f"phase_kernel_ms_{p}": us / 1e3 for p, us in (prof["phase_us"] or {}).items()},
+            **{f"phase_host_ms_{p}": us / 1e3 for p, us in prof["host_us"].items()}}
+
+
+def verdict(row, field="speedup"):
+    """'faster than', 'slower than' or 'about as fast as': where the whole range of a row's rounds lies against one (chapter 2)."""
+    if not row or row.get(field) is None:
+        return "not measured against"
+    lo, hi = row.get(f"{field}_lo", row[field]), row.get(f"{field}_hi", row[field])
+    return "faster than" if lo > 1 else "slower than" if hi < 1 else "about as fast as"
 
 
 # --- the panel ------------------------------------------------------------------------------------
