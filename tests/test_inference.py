@@ -305,22 +305,6 @@ def test_quantize_int8_replaces_every_linear_and_halves_the_bytes():
     assert llm.matmul_weight_bytes(model) == original // 2 + 2 * rows  # one byte a weight, a bf16 scale a row
 
 
-def test_int8_model_decodes_with_the_compiled_loop():
-    model = llm.build_model(llm.llama_config(**LLAMA_TINY, initializer_range=0.3), "cpu", torch.float32)
-    quantized = llm.quantize_int8(llm.build_model(llm.llama_config(**LLAMA_TINY, initializer_range=0.3), "cpu",
-                                                  torch.float32))
-    prompt = llm.make_prompt(1, 6, LLAMA_TINY["vocab_size"], seed=2)
-    with torch.no_grad():
-        eager = llm.greedy_decode(llm.make_prefill(quantized), llm.make_step(quantized), prompt,
-                                  llm.static_cache(quantized, 16), 8)
-        step = torch.compile(llm.make_step(quantized), fullgraph=True, backend="aot_eager")
-        compiled = llm.greedy_decode(llm.make_prefill(quantized), step, prompt, llm.static_cache(quantized, 16), 8)
-        reference = llm.hf_generate(model, prompt, 8)[:, 6:]
-    assert torch.equal(compiled, eager)
-    assert llm.leading_agreement(eager, reference) >= 1  # int8 starts where the original weights do
-    torch._dynamo.reset()
-
-
 def test_int8_kernel_linear_is_the_int8_product_through_aten():
     torch.manual_seed(0)
     linear = torch.nn.Linear(64, 48, bias=True)
@@ -385,8 +369,8 @@ def test_quantize_int4_and_int8_kernel_replace_every_linear_at_about_half_the_in
     assert 0.5 < llm.matmul_weight_bytes(int4) / llm.matmul_weight_bytes(int8) < 0.55
 
 
-@pytest.mark.parametrize("quantize", ["quantize_int8_kernel", "quantize_int4"])
-def test_kernel_quantized_models_decode_with_the_compiled_loop(quantize):
+@pytest.mark.parametrize("quantize", ["quantize_int8", "quantize_int8_kernel", "quantize_int4"])
+def test_quantized_models_decode_with_the_compiled_loop(quantize):
     model = llm.build_model(llm.llama_config(**LLAMA_TINY, initializer_range=0.3), "cpu", torch.float32)
     reference_model = llm.build_model(llm.llama_config(**LLAMA_TINY, initializer_range=0.3), "cpu", torch.float32)
     make = getattr(llm, quantize)
