@@ -314,6 +314,27 @@ def test_a_part_cut_off_midway_gets_the_first_turn_of_the_next_command(tmp_path,
     assert "attempt_started" not in stored(tmp_path)["long"]
 
 
+def test_a_part_cut_off_twice_with_a_command_to_itself_is_a_clear_error(tmp_path, resume, monkeypatch):
+    calls = []
+
+    def measure():  # never finishes: every command ends inside it
+        calls.append(1)
+        raise Killed()
+
+    monkeypatch.setenv("BOOK_DEADLINE", str(time.time() + 100))
+    first = new_run(tmp_path)
+    first.part("short", lambda: [0])  # measured before it: this cut-off does not count
+    with pytest.raises(Killed):
+        first.part("long", measure)
+    for _ in range(2):  # then twice as the first part measured in its command
+        with pytest.raises(Killed):
+            new_run(tmp_path).part("long", measure)
+    assert stored(tmp_path)["long"]["cut_off_alone"] == 1
+    with pytest.raises(utils.runs.PartTooLong, match="cut off 2 times .* does not finish within one command"):
+        new_run(tmp_path).part("long", measure)
+    assert len(calls) == 3 and "result" not in stored(tmp_path)["long"]
+
+
 # --- what a part may return ----------------------------------------------------------------------
 
 def test_a_result_that_is_not_json_is_a_clear_type_error(tmp_path, resume):

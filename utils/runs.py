@@ -6,7 +6,8 @@ results/<gpu>/parts/<chapter>.json as soon as it finishes and reused by later co
 key holds: the same chapter, part, preset sizes, GPU, torch, and the same code (the measuring
 function, what it calls in the notebook, and the library's timing code). A part that would not
 finish before the command's deadline is not started: the notebook stops with PartsPending and the
-runner carries on in its next command. A part cut off mid-way is never stored.
+runner carries on in its next command. A part cut off mid-way is never stored; one cut off twice with a
+command to itself is an error (PartTooLong): it cannot finish within one command.
 """
 import datetime
 import hashlib
@@ -31,6 +32,10 @@ RESUME_ENV = "BOOK_RESUME"  # "1": reuse stored parts and store new ones
 DEADLINE_ENV = "BOOK_DEADLINE"  # epoch seconds after which no part may still be running
 REKEY_ENV = "BOOK_REKEY_FROM"  # a folder holding the measuring code as it was when the stored parts were measured
 MEASURING_CODE = ("compare.py", "timing.py", "compiler.py")  # a change here re-measures every part
+
+
+class PartTooLong(RuntimeError):
+    """A part that did not finish even with a whole command to itself, twice: it must be made smaller (chapter 1)."""
 
 
 class PartsPending(Exception):
@@ -239,6 +244,18 @@ class Run:
             raise PartsPending(f"part {name!r} of {self.chapter} needs about {expected:.0f} s and "
                                f"{max(left, 0):.0f} s are left in this command: the runner measures it next")
 
+    def _cut_off_alone(self, name, entry, key):
+        """How often this very code was cut off with a command to itself; raise PartTooLong at the second time."""
+        entry = entry or {}
+        if entry.get("key") != key or "attempt_started" not in entry:
+            return 0
+        times = entry.get("cut_off_alone", 0) + (1 if entry.get("alone") else 0)
+        if times >= 2:
+            raise PartTooLong(f"part {name!r} of {self.chapter} was cut off {times} times when it was the first part "
+                              "measured in its command: it does not finish within one command. Make it smaller "
+                              "(fewer sizes or a smaller model) or split it into parts; nothing of it is published")
+        return times
+
     def part(self, name, measure):
         """measure()'s result for this part: reused when stored with the same key, else measured (and stored) (chapter 1)."""
         key = part_key(self.chapter, name, self.preset, self.sizes, measure)
@@ -250,7 +267,9 @@ class Run:
             return entry["result"]
         self._check_time(name, entry, key)
         if self.resume:
-            self._store(name, {"key": key, "attempt_started": time.time(),
+            alone = not any(p["how"] == "measured" for p in self.log)  # nothing measured before it in this command
+            self._store(name, {"key": key, "attempt_started": time.time(), "alone": alone,
+                               "cut_off_alone": self._cut_off_alone(name, entry, key),
                                "seconds": (entry or {}).get("seconds", 0.0)})
         started = time.perf_counter()
         result = as_json(measure(), name)
