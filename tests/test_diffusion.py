@@ -361,12 +361,18 @@ def test_committed_run_has_no_failed_measurement(notebook):
     assert not failures, f"measurements failed in the committed run: {failures}"
 
 
-def test_committed_results_hold_the_goal_measurements():
-    (path,) = (REPO / "results").glob("*/05_diffusion.json")  # one GPU's run of the chapter, the page's
+def complete_full_run(chapter):
+    """The measurements of the chapter's one results file (one GPU's run, the page's), checked complete."""
+    (path,) = (REPO / "results").glob(f"*/{chapter}.json")
     data = json.loads(path.read_text())
     assert data["provenance"]["preset"] == "full" and data["provenance"]["gpu"].startswith("NVIDIA")
     rows = data["measurements"]
     assert all(r["status"] == "ok" for r in rows), "every part of the chapter finished"
+    return rows
+
+
+def test_committed_results_hold_the_goal_measurements():
+    rows = complete_full_run("05_diffusion")
     unet = {r["variant"]: r for r in rows if r["workload"] == "unet_step"}
     assert unet["eager"]["speedup"] == 1.0 and any(r.get("compile_s", 0) > 0 for r in unet.values())
     for r in unet.values():  # every compiled step against eager in the same rounds
@@ -379,11 +385,7 @@ def test_committed_results_hold_the_goal_measurements():
 
 
 def test_5b_committed_results_hold_the_swaps_and_every_resolution():
-    (path,) = (REPO / "results").glob("*/05b_diffusion_serving.json")  # one GPU's run of the chapter, the page's
-    data = json.loads(path.read_text())
-    assert data["provenance"]["preset"] == "full" and data["provenance"]["gpu"].startswith("NVIDIA")
-    rows = data["measurements"]
-    assert all(r["status"] == "ok" for r in rows), "every part of the chapter finished"
+    rows = complete_full_run("05b_diffusion_serving")
     lora = {r["variant"]: r for r in rows if r["workload"] == "lora_swap"}
     assert lora["hotswap"]["recompiles"] == 0 < lora["new adapter"]["recompiles"]
     compiled = [r for r in rows if r["workload"] == "resolution" and r["variant"] != "eager"]
