@@ -75,7 +75,7 @@ student: setup
 	@echo "student edition (no solutions): $(STUDENT_HTML)/index.html"
 
 test: setup browser
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=25 tests
 
 # Library and runner tests, in minutes: no notebook smoke run, site build or browser (tests/pytest.ini: slow).
 test-fast: $(STAMP)
