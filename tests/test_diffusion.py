@@ -407,6 +407,33 @@ def test_5b_has_no_run_window_plumbing():
         assert plumbing not in code, f"run-window plumbing in the chapter: {plumbing}"
 
 
+# --- chapter 5c rewritten on the runner's parts (the repeated blocks tuned): a draft until its GPU run -----
+
+DRAFT_5C = REPO / "notebooks" / "draft-05c_diffusion_tuning.ipynb"
+
+
+def test_draft_5c_has_the_chapter_shape(repository_url):
+    from test_notebooks import check_draft_shape
+
+    code, prose = check_draft_shape(DRAFT_5C, repository_url)
+    assert 'utils.Run("05c_diffusion_tuning", PRESET_NAME, P)' in code and "run.part(" in code
+    assert "diffusion.compile_repeated(unet, fullgraph=True, **compile_args)" in code  # every variant regional
+    for plumbing in ("Budget(", "time_left", "deadline(", "compute_or_load", "needs_s", "time_budget_s", "stored_rows"):
+        assert plumbing not in code, f"run-window plumbing in the draft: {plumbing}"
+
+
+@pytest.mark.slow
+def test_draft_5c_runs_in_smoke_preset_on_cpu(tmp_path, monkeypatch):
+    from test_notebooks import run_draft_smoke
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    nb, text = run_draft_smoke(DRAFT_5C, tmp_path)
+    assert re.search(r"\bdefault: +[\d.]+ ms per step, [\d.]+x .*eager, compile +[\d.]+ s", text)
+    assert re.search(r"diffusers settings: +[\d.]+ ms per step, [\d.]+x .*eager, compile", text)
+    assert re.search(r"max-autotune-no-cudagraphs: skipped: max-autotune's search over Triton templates runs on a GPU",
+                     text)
+
+
 # --- chapter 5c: tuned variants against an interleaved eager baseline, and its draft notebook ---------
 
 def test_5c_interleaved_speedup_and_break_even():
