@@ -144,6 +144,8 @@ def browser(tmp_path_factory):
     options.set_capability("goog:loggingPrefs", {"browser": "ALL", "performance": "ALL"})
     driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
     driver.set_page_load_timeout(60)
+    driver.execute_cdp_cmd("Network.enable", {})  # no HTTP cache: every page fetches its files from the site,
+    driver.execute_cdp_cmd("Network.setCacheDisabled", {"cacheDisabled": True})  # whichever test opened it first
     yield driver
     driver.quit()
 
