@@ -2,6 +2,7 @@
 import ast
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -90,11 +91,42 @@ def check_draft_shape(path, repository_url):
     return "".join("".join(c["source"]) for c in code), prose
 
 
-def run_draft_smoke(path, tmp_path):
-    """Run a draft in the smoke preset on the CPU and assert it ran clean; (notebook, its stdout and stderr text)."""
+SOLUTION = re.compile(r"(`{3,4})\{solution\}[^\n]*\n(.*?)\n\1(?=\s|$)", re.S)  # a {solution} block, any fence
+PYTHON_BLOCK = re.compile(r"```python\n(.*?)\n```", re.S)
+
+
+def solution_code(nb):
+    """The Python code blocks in the notebook's exercise solutions, in order."""
+    prose = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
+    return [code for _, body in SOLUTION.findall(prose) for code in PYTHON_BLOCK.findall(body)]
+
+
+def with_solutions(path, folder):
+    """A copy of the notebook with its solutions' code appended as cells tagged solution-code, for a smoke run."""
+    nb = load(path)
+    for i, code in enumerate(solution_code(nb)):
+        nb["cells"].append({"cell_type": "code", "execution_count": None, "id": f"solution-code-{i}",
+                            "metadata": {"tags": ["solution-code"]}, "outputs": [], "source": code})
+    copy = Path(folder) / "with-solutions" / path.name
+    copy.parent.mkdir(parents=True, exist_ok=True)
+    copy.write_text(json.dumps(nb))
+    return copy
+
+
+def smoke_run(path, tmp_path, timeout):
+    """Execute the notebook, its solutions' code appended, in the smoke preset; the executed copy's path."""
     from utils.run_book import execute
 
-    nb = load(execute(path, preset="smoke", out_dir=tmp_path, timeout=1800))
+    executed = execute(with_solutions(path, tmp_path), preset="smoke", out_dir=tmp_path, timeout=timeout,
+                       cwd=path.parent)
+    ran = [c for c in code_cells(load(executed)) if "solution-code" in c["metadata"].get("tags", [])]
+    assert len(ran) == len(solution_code(load(path))), "the solutions' code was not all appended to the run"
+    return executed
+
+
+def run_draft_smoke(path, tmp_path):
+    """Run a draft (and its solutions' code) in the smoke preset on the CPU, assert it ran clean; (notebook, its text)."""
+    nb = load(smoke_run(path, tmp_path, timeout=1800))
     assert not unexecuted(nb), f"code cells that did not run: {unexecuted(nb)}"
     assert not errors(nb), f"error outputs: {errors(nb)}"
     used, glued = glue_used(nb), glue_stored(nb)
@@ -109,6 +141,15 @@ def run_draft_smoke(path, tmp_path):
     return nb, text
 
 
+def test_solution_code_is_found_in_dropdown_solutions():
+    nb = {"cells": [{"cell_type": "markdown", "source": [
+        "```{exercise} One\n:label: ex-one\nDo it.\n```\n\n",
+        "````{solution} ex-one\n:class: dropdown\nLike this:\n\n```python\nprint(1 + 1)\n```\n````\n\n",
+        "```{solution} ex-two\n:class: dropdown\nNo code here: `x` only.\n```\n"]}]}
+    assert solution_code(nb) == ["print(1 + 1)"]
+    assert solution_code(load(REPO / "notebooks" / "01_mechanism.ipynb")), "chapter 1's graph-break solution has code"
+
+
 def test_there_are_chapters():
     assert NOTEBOOKS, "no notebooks/[0-9]*.ipynb"
 
@@ -118,10 +159,9 @@ def test_there_are_chapters():
 @pytest.mark.slow
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=IDS)
 def test_runs_in_smoke_preset_on_cpu(notebook, tmp_path, monkeypatch):
-    from utils.run_book import execute
-
+    """Every cell, and then the code of every exercise's solution, runs clean in the smoke preset."""
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # inherited by the papermill kernel
-    executed = execute(notebook, preset="smoke", out_dir=tmp_path, timeout=SMOKE_CELL_TIMEOUT_S)
+    executed = smoke_run(notebook, tmp_path, timeout=SMOKE_CELL_TIMEOUT_S)
     assert executed.parent == tmp_path, "the committed notebook must not be overwritten"
     nb = load(executed)
     assert not unexecuted(nb), f"code cells that did not run: {unexecuted(nb)}"

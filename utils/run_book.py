@@ -105,10 +105,11 @@ def _error_of(path):
     return None
 
 
-def execute(notebook, preset="auto", out_dir=None, timeout=None, *, seconds=None, resume=False, env=None):
+def execute(notebook, preset="auto", out_dir=None, timeout=None, *, seconds=None, resume=False, env=None, cwd=None):
     """Run one notebook top to bottom with PRESET set, in a papermill subprocess; returns the executed copy's path (chapter 1).
 
     `timeout` bounds each cell; `seconds` the whole run (it is stopped, kernel and all, after that).
+    The kernel runs in `cwd` (default: the notebook's folder), which is where its relative paths start.
     The copy goes to out_dir (or a temporary folder) with papermill's injected cell removed.
     Raises ChapterPending when a resumable run stopped to continue in the next command, and
     ChapterFailed when a cell raised.
@@ -127,7 +128,7 @@ def execute(notebook, preset="auto", out_dir=None, timeout=None, *, seconds=None
         if seconds:
             run_env["BOOK_DEADLINE"] = str(time.time() + seconds)
     cmd = [sys.executable, "-m", "papermill", str(notebook), str(target), "-p", "PRESET", preset,
-           "--cwd", str(notebook.parent), "-k", "python3", "--no-progress-bar", "--log-level", "WARNING"]
+           "--cwd", str(cwd or notebook.parent), "-k", "python3", "--no-progress-bar", "--log-level", "WARNING"]
     if timeout:
         cmd += ["--execution-timeout", str(int(timeout))]
     proc = subprocess.Popen(cmd, env=run_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
