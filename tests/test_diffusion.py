@@ -401,10 +401,11 @@ def test_5b_committed_results_hold_the_swaps_and_every_resolution():
 
 
 def test_5b_has_no_run_window_plumbing():
+    from test_notebooks import assert_no_plumbing
+
     code = "".join("".join(c["source"]) for c in json.loads(CHAPTERS[1].read_text())["cells"] if c["cell_type"] == "code")
     assert 'utils.Run("05b_diffusion_serving", PRESET_NAME, P)' in code and "run.part(" in code
-    for plumbing in ("Budget(", "time_left", "deadline(", "compute_or_load", "needs_s", "time_budget_s"):
-        assert plumbing not in code, f"run-window plumbing in the chapter: {plumbing}"
+    assert_no_plumbing(code)
 
 
 # --- chapter 5c rewritten on the runner's parts (the repeated blocks tuned): a draft until its GPU run -----
@@ -413,13 +414,12 @@ DRAFT_5C = REPO / "notebooks" / "draft-05c_diffusion_tuning.ipynb"
 
 
 def test_draft_5c_has_the_chapter_shape(repository_url):
-    from test_notebooks import check_draft_shape
+    from test_notebooks import assert_no_plumbing, check_draft_shape
 
     code, prose = check_draft_shape(DRAFT_5C, repository_url)
     assert 'utils.Run("05c_diffusion_tuning", PRESET_NAME, P)' in code and "run.part(" in code
     assert "diffusion.compile_repeated(unet, fullgraph=True, **compile_args)" in code  # every variant regional
-    for plumbing in ("Budget(", "time_left", "deadline(", "compute_or_load", "needs_s", "time_budget_s", "stored_rows"):
-        assert plumbing not in code, f"run-window plumbing in the draft: {plumbing}"
+    assert_no_plumbing(code)
 
 
 @pytest.mark.slow

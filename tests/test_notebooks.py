@@ -75,6 +75,16 @@ def unexecuted(nb):
     return [i for i, c in enumerate(nb["cells"]) if c["cell_type"] == "code" and c.get("execution_count") is None]
 
 
+# Names of the run-window logic that belongs to the runner (utils.runs), never to a notebook.
+RUN_WINDOW_PLUMBING = ("Budget(", "time_left", "deadline(", "compute_or_load", "needs_s", "time_budget_s", "stored_rows")
+
+
+def assert_no_plumbing(text):
+    """Assert a notebook's text names none of the run-window plumbing."""
+    found = [name for name in RUN_WINDOW_PLUMBING if name in text]
+    assert not found, f"run-window plumbing in the notebook: {found}"
+
+
 def check_draft_shape(path, repository_url):
     """Assert a draft notebook has the chapter shape and no outputs; its (code source, prose)."""
     nb = load(path)

@@ -468,13 +468,11 @@ DRAFT_2 = REPO / "notebooks" / "draft-02_training.ipynb"
 
 
 def test_draft_2_has_the_chapter_shape(repository_url):
-    from test_notebooks import check_draft_shape
+    from test_notebooks import assert_no_plumbing, check_draft_shape
 
     code, prose = check_draft_shape(DRAFT_2, repository_url)
     assert 'utils.Run("02_training", PRESET_NAME, P)' in code and "run.part(" in code
-    for plumbing in ("Budget", "time_left", "deadline", "compute_or_load", "needs_s", "stored_rows",
-                     "time_budget_s"):
-        assert plumbing not in code + prose, f"run-window plumbing in the draft: {plumbing}"
+    assert_no_plumbing(code + prose)
     for word in ("n/a", "unfinished", "did not run"):
         assert word not in code + prose
 
