@@ -136,6 +136,58 @@ def test_a_value_read_inside_a_nested_function_is_part_of_the_key(tmp_path, resu
         "K changed, the stored part for the old K was reused"
 
 
+def lambdas_cell(body):
+    """A notebook cell defining VARIANTS = {"x": <a lambda with this body>}, as chapter 3b's sweep does."""
+    return notebook_function(f"VARIANTS = {{'x': ['int8', lambda model: {body}]}}\n", name="VARIANTS")
+
+
+def test_a_function_held_in_notebook_data_is_keyed_by_its_code_not_its_address(tmp_path, resume):
+    # a dict of lambdas used to be keyed by repr(): '<function <lambda> at 0x7f...>', a new key in every process
+    source = "def measure():\n    return sorted(VARIANTS)\n"
+    first = utils.runs.part_key("tiny", "a", "smoke", SIZES, notebook_function(source, VARIANTS=lambdas_cell("model")))
+    again = utils.runs.part_key("tiny", "a", "smoke", SIZES, notebook_function(source, VARIANTS=lambdas_cell("model")))
+    other = utils.runs.part_key("tiny", "a", "smoke", SIZES, notebook_function(source, VARIANTS=lambdas_cell("None")))
+    assert first == again, "the same lambda, defined anew (another address), changed the key"
+    assert first != other, "another lambda body kept the key"
+    assert " at 0x" not in utils.runs._value_text({"o": object()})
+
+
+def test_adopt_keeps_a_stored_result_under_the_current_key(tmp_path, resume, monkeypatch):
+    measure, calls = counted([1, 2])
+    new_run(tmp_path).part("a", measure)
+    path = utils.runs.parts_path("tiny", root=tmp_path)
+    parts = json.loads(path.read_text())
+    parts["parts"]["a"]["key"] = "0123456789abcdef"  # as if keyed by an address no process can compute again
+    path.write_text(json.dumps(parts))
+    monkeypatch.setenv("BOOK_ADOPT", json.dumps(["a", "b"]))
+    run = new_run(tmp_path)
+    assert run.part("a", measure) == [1, 2] and len(calls) == 1 and run.log[0]["how"] == "reused"
+    entry = stored(tmp_path)["a"]
+    assert entry["adopted_from"] == "0123456789abcdef" and entry["key"] != "0123456789abcdef"
+    with pytest.raises(RuntimeError, match="'b' of tiny cannot be adopted: no result is stored"):
+        new_run(tmp_path).part("b", measure)
+    monkeypatch.delenv("BOOK_ADOPT")
+    assert new_run(tmp_path).part("a", measure) == [1, 2] and len(calls) == 1, "the adopted key is reused as usual"
+
+
+def test_without_adopt_a_part_under_another_key_is_measured_again(tmp_path, resume):
+    measure, calls = counted([1])
+    new_run(tmp_path).part("a", measure)
+    path = utils.runs.parts_path("tiny", root=tmp_path)
+    parts = json.loads(path.read_text())
+    parts["parts"]["a"]["key"] = "0123456789abcdef"
+    path.write_text(json.dumps(parts))
+    new_run(tmp_path).part("a", measure)
+    assert len(calls) == 2 and "adopted_from" not in stored(tmp_path)["a"]
+
+
+def test_run_book_adopt_needs_resume(capsys):
+    with pytest.raises(SystemExit) as stop:
+        utils.run_book.main(["--adopt", "a", "notebooks/01_mechanism.ipynb"])
+    assert stop.value.code == 2 and "--adopt needs --resume" in capsys.readouterr().err
+    assert "BOOK_ADOPT" not in os.environ
+
+
 def test_other_preset_sizes_or_library_code_measure_again(tmp_path, resume, monkeypatch):
     measure, calls = counted([1])
     new_run(tmp_path).part("a", measure)

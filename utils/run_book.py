@@ -33,7 +33,7 @@ import torch
 
 from .benchmarks import RUNS_FILE
 from .env import REPO_ROOT, SIMULATE_ENV, SMALL_GPUS, git_commit, gpu_name, gpu_slug
-from .runs import MEASURING_CODE, REKEY_ENV
+from .runs import ADOPT_ENV, MEASURING_CODE, REKEY_ENV
 
 NOTEBOOKS = REPO_ROOT / "notebooks"
 DEFAULT_OUT = REPO_ROOT / "_build" / "executed"
@@ -233,6 +233,9 @@ def main(argv=None):
     parser.add_argument("--rekey-from", metavar="FOLDER",
                         help="with --resume: measure nothing; keep each stored part whose key differs only by the "
                              "measuring code, which FOLDER holds as it was (compare.py, timing.py, compiler.py)")
+    parser.add_argument("--adopt", action="append", default=[], metavar="PART",
+                        help="with --resume: keep this part's stored result under the current key (repeatable); "
+                             "only for a part whose code you have checked is unchanged since it was measured")
     parser.add_argument("--simulate", choices=sorted(SMALL_GPUS),
                         help="run as if on this small GPU (memory capped, its dtype, two compile threads); "
                              "the copies go under --out, never in place")
@@ -247,6 +250,10 @@ def main(argv=None):
             parser.error("--rekey-from needs --resume and a folder with the old " + ", ".join(MEASURING_CODE)
                          + (f" (missing: {', '.join(missing)})" if missing else ""))
         os.environ[REKEY_ENV] = str(Path(args.rekey_from).resolve())  # the kernel inherits it
+    if args.adopt:
+        if not args.resume or args.rekey_from:
+            parser.error("--adopt needs --resume, and goes without --rekey-from")
+        os.environ[ADOPT_ENV] = json.dumps(args.adopt)  # the kernel inherits it
     notebooks = [Path(nb) for nb in args.notebooks] or sorted(NOTEBOOKS.glob("[0-9]*.ipynb"))
     missing = [str(nb) for nb in notebooks if not nb.exists()]
     if missing:

@@ -17,6 +17,7 @@ import inspect
 import json
 import math
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -31,6 +32,7 @@ from .env import REPO_ROOT, gpu_name, gpu_slug, git_commit, provenance
 RESUME_ENV = "BOOK_RESUME"  # "1": reuse stored parts and store new ones
 DEADLINE_ENV = "BOOK_DEADLINE"  # epoch seconds after which no part may still be running
 REKEY_ENV = "BOOK_REKEY_FROM"  # a folder holding the measuring code as it was when the stored parts were measured
+ADOPT_ENV = "BOOK_ADOPT"  # JSON list of parts whose stored results stand under the current key (run_book --adopt)
 MEASURING_CODE = ("compare.py", "timing.py", "compiler.py")  # a change here re-measures every part
 
 
@@ -62,13 +64,21 @@ def _source(obj):
         return _code_text(code) if code else getattr(obj, "__qualname__", type(obj).__name__)
 
 
+def _stable_repr(obj):
+    """Text for an object inside data that JSON cannot hold: a function's or class's code, else its repr without
+    a memory address (which differs from process to process, so a key holding one would never match again)."""
+    if inspect.isfunction(obj) or inspect.isclass(obj):
+        return _source(obj)
+    return re.sub(r" at 0x[0-9a-fA-F]+", "", repr(obj))
+
+
 def _value_text(value):
     """A stable text for data a measuring function reads (sizes, configurations), or None to leave it out."""
     if isinstance(value, (bool, int, float, str, type(None), torch.dtype, torch.device)):
         return repr(value)
     if isinstance(value, (list, tuple, dict)):
         try:
-            return json.dumps(value, sort_keys=True, default=repr)
+            return json.dumps(value, sort_keys=True, default=_stable_repr)
         except (TypeError, ValueError):
             return None
     if isinstance(value, torch.Tensor):
@@ -210,6 +220,7 @@ class Run:
         self.resume = os.environ.get(RESUME_ENV) == "1"
         self.deadline = float(os.environ[DEADLINE_ENV]) if os.environ.get(DEADLINE_ENV) else None
         self.rekey_from = os.environ.get(REKEY_ENV) or None
+        self.adopt = set(json.loads(os.environ.get(ADOPT_ENV) or "[]"))
         self.root, self.path = root, parts_path(chapter, root=root)
         self.log = []  # one entry per part: name, how (measured or reused), seconds, commit, date
         self.started = time.perf_counter()
@@ -262,6 +273,8 @@ class Run:
         entry = self.stored().get(name) if self.resume else None
         if self.rekey_from:
             entry = self._rekeyed(name, entry, key, measure)
+        elif name in self.adopt:
+            entry = self._adopted(name, entry, key)
         if entry and entry.get("key") == key and "result" in entry:
             self.log.append({"part": name, "how": "reused", **{k: entry.get(k) for k in ("seconds", "commit", "date")}})
             return entry["result"]
@@ -300,6 +313,19 @@ class Run:
                                "changed since it was measured; measure it (run without --rekey-from)")
         entry = {**entry, "key": key, "rekeyed_from": old}
         self._store(name, entry)
+        return entry
+
+    def _adopted(self, name, entry, key):
+        """The stored entry under the current key, kept with the key it had (run_book --adopt), or an error.
+
+        For a maintainer who has checked that the part's code is unchanged since it was measured but its
+        stored key can no longer be computed (a key that held a memory address, before keys were stable).
+        """
+        if not entry or "result" not in entry:
+            raise RuntimeError(f"part {name!r} of {self.chapter} cannot be adopted: no result is stored for it")
+        if entry.get("key") != key:
+            entry = {**entry, "key": key, "adopted_from": entry.get("key")}
+            self._store(name, entry)
         return entry
 
     def minutes(self):
