@@ -22,6 +22,13 @@ SMOKE_PRINTS = {
     "03_inference": [r"loop-default:\s+[\d,.]+ tok/s = .* of the roofline, [\d.]+x eager in the same rounds",
                      r"loop-cudagraphs-cd: skipped: CUDA graphs",  # the GPU-only variant says so on a CPU
                      r"mark_dynamic: first call \(s\) at lengths"],  # the recompile study ran
+    "03b_quantized_decode": [r"loop-default:\s+[\d,.]+ tok/s = .* of its roofline, [\d.]+x eager loop",
+                             r"int8-default:\s+[\d,.]+ tok/s = .* of its roofline, [\d.]+x loop-default",
+                             r"int8-kernel-default:\s+[\d,.]+ tok/s = .* of its roofline, [\d.]+x loop-default",
+                             r"int4-tinygemm-default:\s+[\d,.]+ tok/s = .* of its roofline, [\d.]+x loop-default",
+                             r"int8-cudagraphs-cd: skipped: coordinate-descent tuning",  # GPU-only, says so on a CPU
+                             r"int8-max-autotune: skipped",
+                             r"int4, over \d+ forced steps: .* same next token in [\d.]+% of the steps"],
     "04_gnn": [r"step\+one CUDA graph\s+.*skipped: a CUDA graph needs a GPU"],  # the GPU-only variant says so on a CPU
     "05b_diffusion_serving": [r"hotswap: swap .* 0 new graph",  # hotswap kept the compiled blocks
                               r"new adapter: swap .* [1-9]\d* new graph",  # the plain swap recompiled
@@ -134,6 +141,34 @@ def smoke_run(path, tmp_path, timeout):
     return executed
 
 
+def misquoted_glue(nb):
+    """Glued values the prose uses that the site would show otherwise than recorded, or with Markdown in them."""
+    from myst_nb.core.variables import format_plain_text
+
+    used = glue_used(nb)
+    wrong = []
+    for cell in code_cells(nb):
+        for output in cell.get("outputs", []):
+            scrapbook = output.get("metadata", {}).get("scrapbook")
+            if not scrapbook or scrapbook.get("name") not in used:  # only what the site shows
+                continue
+            prefix = scrapbook.get("mime_prefix", "")
+            text = output.get("data", {}).get(prefix + "text/plain")
+            if text is None:
+                continue
+            text = "".join(text) if isinstance(text, list) else text
+            shown = format_plain_text(text, "s")
+            try:
+                value = ast.literal_eval(text)
+            except (SyntaxError, ValueError):
+                value = text
+            if shown != text and not (isinstance(value, str) and shown == value):
+                wrong.append(f"{scrapbook['name']}: glued {text!r}, the site shows {shown!r}")
+            elif "`" in shown:
+                wrong.append(f"{scrapbook['name']}: {shown!r} holds Markdown, which the site shows as it is")
+    return wrong
+
+
 def run_draft_smoke(path, tmp_path):
     """Run a draft (and its solutions' code) in the smoke preset on the CPU, assert it ran clean; (notebook, its text)."""
     nb = load(smoke_run(path, tmp_path, timeout=1800))
@@ -141,6 +176,7 @@ def run_draft_smoke(path, tmp_path):
     assert not errors(nb), f"error outputs: {errors(nb)}"
     used, glued = glue_used(nb), glue_stored(nb)
     assert used and not used - glued, f"prose uses values never glued: {sorted(used - glued)}"
+    assert not misquoted_glue(nb), f"glued values the site would misquote: {misquoted_glue(nb)}"
     streams = [o for c in code_cells(nb) for o in c.get("outputs", []) if o.get("output_type") == "stream"]
     text = "".join("".join(o["text"]) for o in streams)
     failures = re.findall(r".*: failed: .*", text)
@@ -183,6 +219,7 @@ def test_runs_in_smoke_preset_on_cpu(notebook, tmp_path, monkeypatch):
         "the parameters cell no longer says PRESET = \"auto\""
     used, glued = glue_used(nb), glue_stored(nb)
     assert not used - glued, f"the prose uses values the run never glued: {sorted(used - glued)}"
+    assert not misquoted_glue(nb), f"glued values the site would misquote: {misquoted_glue(nb)}"
     text = "".join(output_text(o) for c in code_cells(nb) for o in c.get("outputs", []))
     assert re.search(r"\bpreset smoke\b", text), "the run did not print 'preset smoke': PRESET did not reach it"
     for pattern in SMOKE_PRINTS.get(notebook.stem, []):
@@ -234,7 +271,7 @@ def preset_names(nb):
 # chapters rewritten on branches that wait for their GPU runs (they define all four presets there), and the
 # scaling draft, which needs several GPUs: none of a reader's small machines runs it
 PRESETS_PENDING = {"02_training", "02b_training_tuning", "02c_training_profiles", "05_diffusion",
-                   "05c_diffusion_tuning", "draft-03b_quantized_decode", "draft-08_scaling"}
+                   "03b_quantized_decode", "05c_diffusion_tuning", "draft-08_scaling"}
 
 
 @pytest.mark.parametrize("notebook", ALL_NOTEBOOKS, ids=[nb.stem for nb in ALL_NOTEBOOKS])
@@ -255,9 +292,17 @@ def test_no_injected_parameters_cell(notebook):
                          "re-run the chapter with python -m utils.run_book, which strips them"
 
 
+# 3b was published from its run before it had a panel: its panel (weights x recipe, tokens/s against the
+# roofline) comes with its next GPU render, with its colab preset. Until then its explorer is its chart.
+WIDGETS_PENDING = {"03b_quantized_decode"}
+
+
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=IDS)
 def test_widget_state_is_stored(notebook):
     """The site renders widgets from the state stored in the notebook (papermill stores it)."""
+    if notebook.stem in WIDGETS_PENDING:
+        assert "{explorer}" in "".join("".join(c["source"]) for c in load(notebook)["cells"])
+        return
     state = load(notebook)["metadata"].get("widgets", {}).get(WIDGET_STATE, {}).get("state")
     assert state, f"no stored widget state (metadata.widgets[{WIDGET_STATE!r}]): the site will show no widget"
 
@@ -270,30 +315,7 @@ def test_glued_values_show_as_recorded(notebook):
     string such as 5,591 would be shown as the tuple (5, 591); and it shows the text as it is, so
     Markdown in it (backticks around code) would show literally.
     """
-    from myst_nb.core.variables import format_plain_text
-
-    nb = load(notebook)
-    used = glue_used(nb)
-    wrong = []
-    for cell in code_cells(nb):
-        for output in cell.get("outputs", []):
-            scrapbook = output.get("metadata", {}).get("scrapbook")
-            if not scrapbook or scrapbook.get("name") not in used:  # only what the site shows
-                continue
-            prefix = scrapbook.get("mime_prefix", "")
-            text = output.get("data", {}).get(prefix + "text/plain")
-            if text is None:
-                continue
-            text = "".join(text) if isinstance(text, list) else text
-            shown = format_plain_text(text, "s")
-            try:
-                value = ast.literal_eval(text)
-            except (SyntaxError, ValueError):
-                value = text
-            if shown != text and not (isinstance(value, str) and shown == value):
-                wrong.append(f"{scrapbook['name']}: glued {text!r}, the site shows {shown!r}")
-            elif "`" in shown:
-                wrong.append(f"{scrapbook['name']}: {shown!r} holds Markdown, which the site shows as it is")
+    wrong = misquoted_glue(load(notebook))
     assert not wrong, "glued values the site would misquote:\n" + "\n".join(wrong)
 
 
