@@ -67,7 +67,9 @@ def test_page_has_every_results_file_and_the_best_recipe_of_each_workload():
     for path in benchmarks.results_files(REPO / "results"):
         assert f"../notebooks/{path.stem}.ipynb" in page, f"{path} is not on the page"
     for best in benchmarks.headline(rows):
-        line = next((ln for ln in page.splitlines() if f"`{best['workload']}` | `{best['variant']}` |" in ln), None)
+        page_link = f"(../notebooks/{Path(best['file']).stem}.ipynb)"  # two chapters may share a workload and recipe
+        line = next((ln for ln in page.splitlines()
+                     if page_link in ln and f"`{best['workload']}` | `{best['variant']}` |" in ln), None)
         assert line and f"{best['speedup']:.2f}x" in line, f"no headline row for {best['file']} {best['workload']}"
     for anchor in ("benchmarks-speedup", "benchmarks-compile", "benchmarks-regimes"):
         assert f'id="{anchor}"' in page

@@ -22,13 +22,6 @@ SMOKE_PRINTS = {
     "03_inference": [r"loop-default:\s+[\d,.]+ tok/s = .* of the roofline, [\d.]+x eager in the same rounds",
                      r"loop-cudagraphs-cd: skipped: CUDA graphs",  # the GPU-only variant says so on a CPU
                      r"mark_dynamic: first call \(s\) at lengths"],  # the recompile study ran
-    "03b_quantized_decode": [r"loop-default:\s+[\d,.]+ tok/s = .* of its roofline, [\d.]+x eager loop",
-                             r"int8-default:\s+[\d,.]+ tok/s = .* of its roofline, [\d.]+x loop-default",
-                             r"int8-kernel-default:\s+[\d,.]+ tok/s = .* of its roofline, [\d.]+x loop-default",
-                             r"int4-tinygemm-default:\s+[\d,.]+ tok/s = .* of its roofline, [\d.]+x loop-default",
-                             r"int8-cudagraphs-cd: skipped: coordinate-descent tuning",  # GPU-only, says so on a CPU
-                             r"int8-max-autotune: skipped",
-                             r"int4, over \d+ forced steps: .* same next token in [\d.]+% of the steps"],
     "04_gnn": [r"step\+one CUDA graph\s+.*skipped: a CUDA graph needs a GPU"],  # the GPU-only variant says so on a CPU
     "05b_diffusion_serving": [r"hotswap: swap .* 0 new graph",  # hotswap kept the compiled blocks
                               r"new adapter: swap .* [1-9]\d* new graph",  # the plain swap recompiled
@@ -118,10 +111,10 @@ def solution_code(nb):
     return [code for _, body in SOLUTION.findall(prose) for code in PYTHON_BLOCK.findall(body)]
 
 
-def with_solutions(path, folder):
-    """A copy of the notebook with its solutions' code appended as cells tagged solution-code, for a smoke run."""
+def with_solutions(path, folder, extra=()):
+    """A copy of the notebook with its solutions' code (and any extra code) appended as cells, for a smoke run."""
     nb = load(path)
-    for i, code in enumerate(solution_code(nb)):
+    for i, code in enumerate([*solution_code(nb), *extra]):
         nb["cells"].append({"cell_type": "code", "execution_count": None, "id": f"solution-code-{i}",
                             "metadata": {"tags": ["solution-code"]}, "outputs": [], "source": code})
     copy = Path(folder) / "with-solutions" / path.name
@@ -130,14 +123,14 @@ def with_solutions(path, folder):
     return copy
 
 
-def smoke_run(path, tmp_path, timeout):
-    """Execute the notebook, its solutions' code appended, in the smoke preset; the executed copy's path."""
+def smoke_run(path, tmp_path, timeout, extra=()):
+    """Execute the notebook, its solutions' code (and extra code) appended, in the smoke preset; the executed copy's path."""
     from utils.run_book import execute
 
-    executed = execute(with_solutions(path, tmp_path), preset="smoke", out_dir=tmp_path, timeout=timeout,
+    executed = execute(with_solutions(path, tmp_path, extra), preset="smoke", out_dir=tmp_path, timeout=timeout,
                        cwd=path.parent)
     ran = [c for c in code_cells(load(executed)) if "solution-code" in c["metadata"].get("tags", [])]
-    assert len(ran) == len(solution_code(load(path))), "the solutions' code was not all appended to the run"
+    assert len(ran) == len(solution_code(load(path))) + len(extra), "the solutions' code was not all appended to the run"
     return executed
 
 
@@ -169,9 +162,10 @@ def misquoted_glue(nb):
     return wrong
 
 
-def run_draft_smoke(path, tmp_path):
-    """Run a draft (and its solutions' code) in the smoke preset on the CPU, assert it ran clean; (notebook, its text)."""
-    nb = load(smoke_run(path, tmp_path, timeout=1800))
+def run_draft_smoke(path, tmp_path, extra=()):
+    """Run a draft (its solutions' code and extra code after it) in the smoke preset on the CPU, assert it ran clean;
+    (notebook, its text)."""
+    nb = load(smoke_run(path, tmp_path, timeout=1800, extra=extra))
     assert not unexecuted(nb), f"code cells that did not run: {unexecuted(nb)}"
     assert not errors(nb), f"error outputs: {errors(nb)}"
     used, glued = glue_used(nb), glue_stored(nb)
@@ -271,7 +265,7 @@ def preset_names(nb):
 # chapters rewritten on branches that wait for their GPU runs (they define all four presets there), and the
 # scaling draft, which needs several GPUs: none of a reader's small machines runs it
 PRESETS_PENDING = {"02_training", "02b_training_tuning", "02c_training_profiles", "05_diffusion",
-                   "03b_quantized_decode", "05c_diffusion_tuning", "draft-08_scaling"}
+                   "05c_diffusion_tuning", "draft-03b_quantized_decode", "draft-08_scaling"}
 
 
 @pytest.mark.parametrize("notebook", ALL_NOTEBOOKS, ids=[nb.stem for nb in ALL_NOTEBOOKS])
@@ -292,17 +286,9 @@ def test_no_injected_parameters_cell(notebook):
                          "re-run the chapter with python -m utils.run_book, which strips them"
 
 
-# 3b was published from its run before it had a panel: its panel (weights x recipe, tokens/s against the
-# roofline) comes with its next GPU render, with its colab preset. Until then its explorer is its chart.
-WIDGETS_PENDING = {"03b_quantized_decode"}
-
-
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=IDS)
 def test_widget_state_is_stored(notebook):
     """The site renders widgets from the state stored in the notebook (papermill stores it)."""
-    if notebook.stem in WIDGETS_PENDING:
-        assert "{explorer}" in "".join("".join(c["source"]) for c in load(notebook)["cells"])
-        return
     state = load(notebook)["metadata"].get("widgets", {}).get(WIDGET_STATE, {}).get("state")
     assert state, f"no stored widget state (metadata.widgets[{WIDGET_STATE!r}]): the site will show no widget"
 

@@ -488,30 +488,48 @@ def check_fits(model, batch, max_len, free_bytes, dtype=None):
     return need
 
 
-def decode_panel(run, ceiling, modes, batches, prompt_lens, rows=None):
-    """Dropdowns for mode, batch, prompt length; Run measures decode tok/s and plots it by its roofline (chapter 3)."""
-    # run(mode, batch, prompt_len) -> tok/s (or raises); ceiling(batch, prompt_len) -> the roofline's tok/s.
-    import ipywidgets as w
+def roofline_panel(controls, run, ceiling, label, describe):
+    """A run_panel whose Run adds tok/s = run(values) as a bar under its roofline ceiling(values) (chapters 3, 3b)."""
     import matplotlib.pyplot as plt
 
     from .widgets import run_panel
 
-    controls = {"mode": w.Dropdown(options=list(modes), value=list(modes)[0], description="mode"),
-                "batch": w.Dropdown(options=list(batches), value=list(batches)[0], description="batch"),
-                "prompt": w.Dropdown(options=list(prompt_lens), value=list(prompt_lens)[0], description="prompt")}
-    rows = rows if rows is not None else []
+    rows = []
 
     def work(v, out):
-        tok_s = run(v["mode"], v["batch"], v["prompt"])
-        rows.append({"label": f"{v['mode']}\nb{v['batch']} p{v['prompt']}", "tok_s": tok_s,
-                     "ceiling": ceiling(v["batch"], v["prompt"])})
+        tok_s = run(v)
+        rows.append({"label": label(v), "tok_s": tok_s, "ceiling": ceiling(v)})
         out.clear_output(wait=True)
         plot_vs_roofline(rows)
         plt.show()
         print(f"{tok_s:,.0f} tok/s = {tok_s / rows[-1]['ceiling']:.2f} of the roofline")
 
-    return run_panel(controls, work, lambda v: f"compiling and timing {v['mode']}, batch {v['batch']}, "
-                                               f"prompt {v['prompt']} ...")
+    return run_panel(controls, work, describe)
+
+
+def decode_panel(run, ceiling, modes, batches, prompt_lens):
+    """Dropdowns for mode, batch, prompt length; Run measures decode tok/s and plots it by its roofline (chapter 3)."""
+    # run(mode, batch, prompt_len) -> tok/s (or raises); ceiling(batch, prompt_len) -> the roofline's tok/s.
+    import ipywidgets as w
+
+    controls = {"mode": w.Dropdown(options=list(modes), value=list(modes)[0], description="mode"),
+                "batch": w.Dropdown(options=list(batches), value=list(batches)[0], description="batch"),
+                "prompt": w.Dropdown(options=list(prompt_lens), value=list(prompt_lens)[0], description="prompt")}
+    return roofline_panel(controls, lambda v: run(v["mode"], v["batch"], v["prompt"]),
+                          lambda v: ceiling(v["batch"], v["prompt"]), lambda v: f"{v['mode']}\nb{v['batch']} p{v['prompt']}",
+                          lambda v: f"compiling and timing {v['mode']}, batch {v['batch']}, prompt {v['prompt']} ...")
+
+
+def weights_panel(run, ceilings, weights, recipes):
+    """Dropdowns for the copy of the weights and the recipe; Run measures decode tok/s against that copy's roofline (chapter 3b)."""
+    # run(weights, recipe) -> tok/s (or raises); ceilings: {weights: the roofline's tok/s}.
+    import ipywidgets as w
+
+    controls = {"weights": w.Dropdown(options=list(weights), description="weights"),
+                "recipe": w.Dropdown(options=list(recipes), description="recipe")}
+    return roofline_panel(controls, lambda v: run(v["weights"], v["recipe"]), lambda v: ceilings[v["weights"]],
+                          lambda v: f"{v['weights']}\n{v['recipe']}",
+                          lambda v: f"compiling the {v['recipe']} loop on the {v['weights']} weights and timing it ...")
 
 
 def plot_vs_roofline(rows, ax=None, title="decode tokens/s against the memory-bandwidth roofline"):
