@@ -440,7 +440,7 @@ def test_draft_3b_has_the_chapter_shape(repository_url):
 
 @pytest.mark.slow
 def test_draft_3b_runs_in_smoke_preset_on_cpu(tmp_path, monkeypatch):
-    from test_notebooks import run_draft_smoke
+    from test_notebooks import code_cells, output_text, run_draft_smoke
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     path = Path(__file__).resolve().parents[1] / "notebooks" / "draft-03b_quantized_decode.ipynb"
@@ -454,7 +454,5 @@ def test_draft_3b_runs_in_smoke_preset_on_cpu(tmp_path, monkeypatch):
     assert "int8-max-autotune: skipped" in text
     assert re.search(r"int4, over \d+ forced steps: .* same next token in [\d.]+% of the steps", text)
     assert re.search(r"same next token in [\d.]+% of the steps", text)
-    from test_notebooks import code_cells, output_text
-
     panel = "".join(output_text(o) for c in code_cells(nb) for o in c.get("outputs", []))
     assert "Dropdown(description='weights'" in panel, "the Try-it panel was not shown"

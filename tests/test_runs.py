@@ -152,18 +152,26 @@ def test_a_function_held_in_notebook_data_is_keyed_by_its_code_not_its_address(t
     assert " at 0x" not in utils.runs._value_text({"o": object()})
 
 
+STALE_KEY = "0123456789abcdef"  # as if keyed by an address no process can compute again
+
+
+def restamp(tmp_path, name, key):
+    """Give part `name` of chapter 'tiny' another stored key, its result kept."""
+    path = utils.runs.parts_path("tiny", root=tmp_path)
+    parts = json.loads(path.read_text())
+    parts["parts"][name]["key"] = key
+    path.write_text(json.dumps(parts))
+
+
 def test_adopt_keeps_a_stored_result_under_the_current_key(tmp_path, resume, monkeypatch):
     measure, calls = counted([1, 2])
     new_run(tmp_path).part("a", measure)
-    path = utils.runs.parts_path("tiny", root=tmp_path)
-    parts = json.loads(path.read_text())
-    parts["parts"]["a"]["key"] = "0123456789abcdef"  # as if keyed by an address no process can compute again
-    path.write_text(json.dumps(parts))
+    restamp(tmp_path, "a", STALE_KEY)
     monkeypatch.setenv("BOOK_ADOPT", json.dumps(["a", "b"]))
     run = new_run(tmp_path)
     assert run.part("a", measure) == [1, 2] and len(calls) == 1 and run.log[0]["how"] == "reused"
     entry = stored(tmp_path)["a"]
-    assert entry["adopted_from"] == "0123456789abcdef" and entry["key"] != "0123456789abcdef"
+    assert entry["adopted_from"] == STALE_KEY and entry["key"] != STALE_KEY
     with pytest.raises(RuntimeError, match="'b' of tiny cannot be adopted: no result is stored"):
         new_run(tmp_path).part("b", measure)
     monkeypatch.delenv("BOOK_ADOPT")
@@ -173,10 +181,7 @@ def test_adopt_keeps_a_stored_result_under_the_current_key(tmp_path, resume, mon
 def test_without_adopt_a_part_under_another_key_is_measured_again(tmp_path, resume):
     measure, calls = counted([1])
     new_run(tmp_path).part("a", measure)
-    path = utils.runs.parts_path("tiny", root=tmp_path)
-    parts = json.loads(path.read_text())
-    parts["parts"]["a"]["key"] = "0123456789abcdef"
-    path.write_text(json.dumps(parts))
+    restamp(tmp_path, "a", STALE_KEY)
     new_run(tmp_path).part("a", measure)
     assert len(calls) == 2 and "adopted_from" not in stored(tmp_path)["a"]
 
