@@ -1,7 +1,6 @@
 """Chapter 3's helpers (utils/llm.py): roofline arithmetic, offline loading, greedy decoding against generate."""
 import json
 import os
-import re
 from pathlib import Path
 
 import pytest
@@ -430,29 +429,35 @@ def test_generated_code_summary_counts_kernels_and_external_matmuls():
     assert llm.generated_code_summary("") == {"triton_kernels": 0, "extern_matmuls": 0, "weight_only_kernels": 0}
 
 
-def test_draft_3b_has_the_chapter_shape(repository_url):
-    from test_notebooks import check_draft_shape
-    path = Path(__file__).resolve().parents[1] / "notebooks" / "draft-03b_quantized_decode.ipynb"
-    code, prose = check_draft_shape(path, repository_url)
+CHAPTER_3B = Path(__file__).resolve().parents[1] / "notebooks" / "03b_quantized_decode.ipynb"
+
+
+def test_3b_has_no_run_window_plumbing():
+    from test_notebooks import assert_no_plumbing
+
+    code = "".join("".join(c["source"]) for c in json.loads(CHAPTER_3B.read_text())["cells"] if c["cell_type"] == "code")
     assert 'utils.Run("03b_quantized_decode", PRESET_NAME, P)' in code and "run.part(" in code
-    assert "coordinate_descent_tuning" in prose and "run_and_get_code" in prose  # its digits: test_prose
+    assert_no_plumbing(code)
 
 
-@pytest.mark.slow
-def test_draft_3b_runs_in_smoke_preset_on_cpu(tmp_path, monkeypatch):
-    from test_notebooks import code_cells, output_text, run_draft_smoke
+def test_3b_committed_results_hold_every_recipe_against_its_baseline_in_the_same_rounds():
+    from test_diffusion import complete_full_run
 
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    path = Path(__file__).resolve().parents[1] / "notebooks" / "draft-03b_quantized_decode.ipynb"
-    nb, text = run_draft_smoke(path, tmp_path, extra=['print(f"panel: {panel_tok_s(\'int8\', \'default\'):.1f} tok/s")'])
-    assert re.search(r"panel: [\d.]+ tok/s", text), "the Try-it panel's measurement did not run"
-    assert re.search(r"loop-default:\s+[\d,.]+ tok/s = .* of its roofline, [\d.]+x eager loop", text)
-    assert re.search(r"int8-default:\s+[\d,.]+ tok/s = .* of its roofline, [\d.]+x loop-default", text)
-    assert re.search(r"int8-kernel-default:\s+[\d,.]+ tok/s = .* of its roofline, [\d.]+x loop-default", text)
-    assert re.search(r"int4-tinygemm-default:\s+[\d,.]+ tok/s = .* of its roofline, [\d.]+x loop-default", text)
-    assert "int8-cudagraphs-cd: skipped: coordinate-descent tuning" in text  # the GPU-only variant says so
-    assert "int8-max-autotune: skipped" in text
-    assert re.search(r"int4, over \d+ forced steps: .* same next token in [\d.]+% of the steps", text)
-    assert re.search(r"same next token in [\d.]+% of the steps", text)
-    panel = "".join(output_text(o) for c in code_cells(nb) for o in c.get("outputs", []))
-    assert "Dropdown(description='weights'" in panel, "the Try-it panel was not shown"
+    rows = complete_full_run("03b_quantized_decode")
+    decode = {r["variant"]: r for r in rows if r["workload"] == "decode_b1"}
+    weights = {r["weights"] for r in decode.values()}
+    assert weights == {"original", "int8", "int8 kernel", "int4"}, "a decode row for each copy of the weights"
+    for r in decode.values():
+        if r["variant"] == "floor":
+            continue
+        key = "speedup" if r["weights"] == "original" else "speedup_vs_original"
+        assert r[f"{key}_lo"] <= r[key] <= r[f"{key}_hi"], f"{r['variant']}: its ratio lies in its rounds' range"
+        assert 0 < r["roofline_frac"] <= 1.05 and r["compile_s"] > 0
+    assert decode["floor"]["best_variant"] in decode and decode["floor"]["floor_frac"] == max(
+        r["roofline_frac"] for r in decode.values() if r["weights"] == "original" and r["variant"] != "floor")
+    products = {r["variant"]: r for r in rows if r["workload"] == "product"}
+    assert products["int8, not tuned"]["extern_matmuls"] >= 1 and products["int8, tuned"]["extern_matmuls"] == 0
+    for variant in ("int8 kernel", "int4 tinygemm"):  # the product PyTorch's kernel computes, not Inductor
+        assert products[variant]["weight_only_kernels"] >= 1 and products[variant]["triton_kernels"] == 0
+    errors = {r["weights"] for r in rows if r["workload"] == "quantization_error"}
+    assert errors == {"int8", "int8 kernel", "int4"}

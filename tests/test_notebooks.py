@@ -22,6 +22,15 @@ SMOKE_PRINTS = {
     "03_inference": [r"loop-default:\s+[\d,.]+ tok/s = .* of the roofline, [\d.]+x eager in the same rounds",
                      r"loop-cudagraphs-cd: skipped: CUDA graphs",  # the GPU-only variant says so on a CPU
                      r"mark_dynamic: first call \(s\) at lengths"],  # the recompile study ran
+    "03b_quantized_decode": [r"loop-default:\s+[\d,.]+ tok/s = .* of its roofline, [\d.]+x eager loop",
+                             r"int8-default:\s+[\d,.]+ tok/s = .* of its roofline, [\d.]+x loop-default",
+                             r"int8-kernel-default:\s+[\d,.]+ tok/s = .* of its roofline, [\d.]+x loop-default",
+                             r"int4-tinygemm-default:\s+[\d,.]+ tok/s = .* of its roofline, [\d.]+x loop-default",
+                             r"int8-cudagraphs-cd: skipped: coordinate-descent tuning",  # GPU-only, says so on a CPU
+                             r"int8-max-autotune: skipped",
+                             r"int4, over \d+ forced steps: .* same next token in [\d.]+% of the steps",
+                             r"Dropdown\(description='weights'",  # the Try-it panel was shown
+                             r"panel: [\d.]+ tok/s"],  # and measures through its function (SMOKE_EXTRA)
     "04_gnn": [r"step\+one CUDA graph\s+.*skipped: a CUDA graph needs a GPU"],  # the GPU-only variant says so on a CPU
     "05b_diffusion_serving": [r"hotswap: swap .* 0 new graph",  # hotswap kept the compiled blocks
                               r"new adapter: swap .* [1-9]\d* new graph",  # the plain swap recompiled
@@ -32,6 +41,10 @@ SMOKE_PRINTS = {
     "05c_diffusion_tuning": [r"default \+ channels_last:\s+\d",  # the reference variant ran
                              r"diffusers settings \+ channels_last:\s+\d",  # diffusers' settings run on a CPU too
                              r"max-autotune \+ channels_last: skipped: .*needs a GPU"],
+}
+# Code a chapter's smoke run appends after its solutions' code: what its page leaves to a reader's click.
+SMOKE_EXTRA = {
+    "03b_quantized_decode": ['print(f"panel: {panel_tok_s(\'int8\', \'default\'):.1f} tok/s")'],  # the Try-it panel
 }
 
 
@@ -199,9 +212,9 @@ def test_there_are_chapters():
 @pytest.mark.slow
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=IDS)
 def test_runs_in_smoke_preset_on_cpu(notebook, tmp_path, monkeypatch):
-    """Every cell, and then the code of every exercise's solution, runs clean in the smoke preset."""
+    """Every cell, then the code of every exercise's solution and of SMOKE_EXTRA, runs clean in the smoke preset."""
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # inherited by the papermill kernel
-    executed = smoke_run(notebook, tmp_path, timeout=SMOKE_CELL_TIMEOUT_S)
+    executed = smoke_run(notebook, tmp_path, timeout=SMOKE_CELL_TIMEOUT_S, extra=SMOKE_EXTRA.get(notebook.stem, ()))
     assert executed.parent == tmp_path, "the committed notebook must not be overwritten"
     nb = load(executed)
     assert not unexecuted(nb), f"code cells that did not run: {unexecuted(nb)}"
@@ -265,7 +278,7 @@ def preset_names(nb):
 # chapters rewritten on branches that wait for their GPU runs (they define all four presets there), and the
 # scaling draft, which needs several GPUs: none of a reader's small machines runs it
 PRESETS_PENDING = {"02_training", "02b_training_tuning", "02c_training_profiles", "05_diffusion",
-                   "05c_diffusion_tuning", "draft-03b_quantized_decode", "draft-08_scaling"}
+                   "05c_diffusion_tuning", "draft-08_scaling"}
 
 
 @pytest.mark.parametrize("notebook", ALL_NOTEBOOKS, ids=[nb.stem for nb in ALL_NOTEBOOKS])
