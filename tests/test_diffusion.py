@@ -408,90 +408,34 @@ def test_5b_has_no_run_window_plumbing():
     assert_no_plumbing(code)
 
 
-# --- chapter 5c rewritten on the runner's parts (the repeated blocks tuned): a draft until its GPU run -----
+# --- chapter 5c: the repeated blocks compiled three ways, each against eager in alternating rounds ---------
 
-DRAFT_5C = REPO / "notebooks" / "draft-05c_diffusion_tuning.ipynb"
-
-
-def test_draft_5c_has_the_chapter_shape(repository_url):
-    from test_notebooks import assert_no_plumbing, check_draft_shape
-
-    code, prose = check_draft_shape(DRAFT_5C, repository_url)
-    assert 'utils.Run("05c_diffusion_tuning", PRESET_NAME, P)' in code and "run.part(" in code
-    assert "diffusion.compile_repeated(unet, fullgraph=True, **compile_args)" in code  # every variant regional
-    assert_no_plumbing(code)
+CHAPTER_5C = REPO / "notebooks" / "05c_diffusion_tuning.ipynb"
 
 
-@pytest.mark.slow
-def test_draft_5c_runs_in_smoke_preset_on_cpu(tmp_path, monkeypatch):
-    from test_notebooks import run_draft_smoke
-
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    nb, text = run_draft_smoke(DRAFT_5C, tmp_path)
-    assert re.search(r"\bdefault: +[\d.]+ ms per step, [\d.]+x .*eager, compile +[\d.]+ s", text)
-    assert re.search(r"diffusers settings: +[\d.]+ ms per step, [\d.]+x .*eager, compile", text)
-    assert re.search(r"max-autotune-no-cudagraphs: skipped: max-autotune's search over Triton templates runs on a GPU",
-                     text)
-
-
-# --- chapter 5c: tuned variants against an interleaved eager baseline, and its draft notebook ---------
-
-def test_5c_interleaved_speedup_and_break_even():
-    row = diffusion.interleaved_speedup(10.0, 4.0, 14.0)
-    assert row["eager_ms"] == 12.0 and row["speedup"] == 3.0 and row["eager_drift"] == pytest.approx(1.4)
-    assert row["eager_before_ms"] == 10.0 and row["eager_after_ms"] == 14.0
+def test_5c_break_even_images():
     assert diffusion.break_even_images(300, 20.0, 18.0, 50) == pytest.approx(3000)
     assert diffusion.break_even_images(300, 18.0, 20.0, 50) is None  # not faster: never repaid
     assert diffusion.break_even_images(-5, 20.0, 21.0, 50) == 0.0  # no extra compile: nothing to repay
 
 
-def test_5c_compute_or_load_asks_each_key_its_own_estimate():
-    from utils import training
+def test_5c_has_no_run_window_plumbing():
+    from test_notebooks import assert_no_plumbing
 
-    estimates, asked = {"settings": 380, "max_autotune": 450}, []
-
-    def fits(key):
-        asked.append(key)
-        return estimates[key] <= 400
-
-    measured = lambda key: [{"variant": key, "how": "measured"}]
-    stored = {"settings": [{"variant": "settings", "source": "loaded from ..."}]}
-    plan = training.compute_or_load(list(estimates), measured, stored, fits)
-    assert asked == ["max_autotune", "settings"]  # the variant without stored rows is tried first
-    assert plan["max_autotune"] == ([], "skipped") and plan["settings"][1] == "measured"
-    asked.clear()
-    plan = training.compute_or_load(list(estimates), measured, {}, fits)
-    assert asked == ["settings", "max_autotune"] and plan["max_autotune"] == ([], "skipped")
+    code = "".join("".join(c["source"]) for c in json.loads(CHAPTER_5C.read_text())["cells"] if c["cell_type"] == "code")
+    assert 'utils.Run("05c_diffusion_tuning", PRESET_NAME, P)' in code and "run.part(" in code
+    assert "diffusion.compile_repeated(unet, fullgraph=True, **compile_args)" in code  # every variant regional
+    assert_no_plumbing(code)
 
 
-CHAPTER_5C = REPO / "notebooks" / "05c_diffusion_tuning.ipynb"
-
-
-def test_5c_is_in_the_book_with_the_chapter_shape(repository_url):
-    from test_notebooks import code_cells, load
-
-    nb = load(CHAPTER_5C)
-    code = "".join("".join(c["source"]) for c in code_cells(nb))
-    assert "google.colab" in code and f"!git clone --depth 1 {repository_url}" in code
-    assert '%pip install -q "diffusers==0.42.1" peft' in code
-    assert 'utils.save_results("05c_diffusion_tuning", ' in code
-    prose = "".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
-    assert "{exercise}" in prose and "{solution}" in prose and ":class: dropdown" in prose
-    assert "notebooks/05c_diffusion_tuning" in (REPO / "_toc.yml").read_text()
-
-
-def test_5c_committed_results_are_timed_or_lower_bounds():
-    data = json.loads((REPO / "results" / "h200" / "05c_diffusion_tuning.json").read_text())
-    rows = {r["variant"]: r for r in data["measurements"]}
-    assert set(rows) == {"default + channels_last", "diffusers settings + channels_last", "max-autotune + channels_last"}
-    assert data["provenance"]["preset"] == "full" and data["provenance"]["gpu"] == "NVIDIA H200"
-    for row in rows.values():
-        status = row["status"].split(":")[0]
-        assert status in ("ok", "unfinished"), row["status"]
-        if status == "ok":  # timed: its speedup is over the mean of the eager steps timed around it
-            eager_ms = (row["eager_before_ms"] + row["eager_after_ms"]) / 2
-            assert row["speedup"] == pytest.approx(eager_ms / row["median_ms"]) and row["compile_s"] > 0
-        else:  # stopped: a lower bound on its compile, no step time
-            assert row["compile_s_at_least"] > 0 and "median_ms" not in row
-        if "source" in row:  # loaded from an earlier run of this chapter on this GPU
-            assert row["source"].startswith("loaded from results/h200/05c_diffusion_tuning.json (commit ")
+def test_5c_committed_results_hold_each_variant_against_eager_with_its_gpu_time():
+    rows = complete_full_run("05c_diffusion_tuning")
+    blocks = {r["variant"]: r for r in rows if r["workload"] == "unet_blocks"}
+    assert set(blocks) == {"eager", "default", "diffusers settings", "max-autotune-no-cudagraphs"}
+    for r in blocks.values():
+        assert r["scope"] == "repeated blocks" and 0 < r["gpu_ms"] < r["median_ms"], f"{r['variant']}: GPU time per step"
+        if r["variant"] == "eager":
+            continue
+        assert r["speedup_lo"] <= r["speedup"] <= r["speedup_hi"], f"{r['variant']}: its ratio lies in its rounds' range"
+        assert r["compile_s"] > 0
+    assert blocks["diffusers settings"]["compile_s"] > blocks["default"]["compile_s"], "the settings cost compile time"

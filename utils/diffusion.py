@@ -347,14 +347,7 @@ def relative_error(out, ref):
     return ((out.float() - ref).abs().max() / ref.abs().max().clamp_min(1e-12)).item()
 
 
-# --- chapter 5c: tuned variants against an eager baseline timed around them ----------------------------
-
-def interleaved_speedup(eager_before_ms, compiled_ms, eager_after_ms):
-    """Chapter 5c: speedup against the mean of eager timed just before and just after, with the drift after / before."""
-    eager_ms = (eager_before_ms + eager_after_ms) / 2
-    return {"eager_before_ms": eager_before_ms, "eager_after_ms": eager_after_ms, "eager_ms": eager_ms,
-            "speedup": eager_ms / compiled_ms, "eager_drift": eager_after_ms / eager_before_ms}
-
+# --- chapter 5c: what a tuned compile's extra seconds must repay ------------------------------------------
 
 def break_even_images(extra_compile_s, baseline_ms, tuned_ms, steps):
     """Chapter 5c: images of `steps` UNet steps that repay extra compile seconds; 0 if none extra, None if not faster."""
