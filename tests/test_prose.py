@@ -233,3 +233,36 @@ def test_book_page_prose_has_no_hand_typed_numbers(page):
     """The same rule for a book page: its whole Markdown is checked as one cell."""
     found = [f"line {n}: {tokens} in {line.strip()!r}" for n, line, tokens in digits_in_prose(page.read_text())]
     assert not found, ("digits in the prose (the rule is in this file's docstring):\n" + "\n".join(found))
+
+
+PLURAL_S = re.compile(r"[a-z]\(s\)")  # 'graph(s)': a count the page could have put in words
+
+
+def parenthesised_plurals(path):
+    """(cell, line) of each 'noun(s)' in a notebook's prose or in the text its code prints."""
+    nb = json.loads(path.read_text())
+    found = []
+    for i, cell in enumerate(nb["cells"]):
+        for line in "".join(cell["source"]).split("\n"):
+            in_text = cell["cell_type"] == "markdown" or re.search(r"[\"'][^\"']*[a-z]\(s\)", line)
+            if in_text and PLURAL_S.search(line):
+                found.append((i, line.strip()))
+    return found
+
+
+def test_the_plural_checker_sees_prose_and_printed_text_but_not_code():
+    cells = [{"cell_type": "markdown", "source": ["made {glue:text}`n` graph(s)"]},
+             {"cell_type": "code", "source": ['print(f"{n} graph(s) compiled")\n', "def duration(s):\n"]},
+             {"cell_type": "markdown", "source": ["made {glue:text}`graphs_text`"]}]
+    path = REPO / "_build" / "plural-check.ipynb"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(json.dumps({"cells": cells}))
+    assert parenthesised_plurals(path) == [(0, "made {glue:text}`n` graph(s)"),
+                                           (1, 'print(f"{n} graph(s) compiled")')]
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=IDS)
+def test_counts_are_written_with_their_noun_in_the_right_number(notebook):
+    """'1 graph', '3 graphs' (utils.count_text), never '1 graph(s)' in prose or printed text."""
+    found = parenthesised_plurals(notebook)
+    assert not found, "write the count with utils.count_text:\n" + "\n".join(f"cell {i}: {line}" for i, line in found)

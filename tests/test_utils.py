@@ -625,6 +625,14 @@ def test_ratio_text_gives_the_rounds_range_or_says_what_is_missing():
     assert ratio_text(None) == "not measured" and ratio_text({}, missing="on a GPU only") == "on a GPU only"
 
 
+def test_count_text_puts_the_noun_in_the_right_number():
+    from utils import count_text
+
+    assert [count_text(n, "graph") for n in (0, 1, 2)] == ["0 graphs", "1 graph", "2 graphs"]
+    assert count_text(1, "graph break") == "1 graph break" and count_text(3, "graph break") == "3 graph breaks"
+    assert count_text(2, "copy", "copies") == "2 copies"
+
+
 def test_max_autotune_is_left_out_on_a_gpu_with_too_few_sms_and_says_why(monkeypatch, fake_h200, capsys):
     """A T4 (40 SMs) gets no max-autotune variants and a printed reason; an H200 (132 SMs) and a CPU keep them."""
     from torch._inductor.utils import is_big_gpu

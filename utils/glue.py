@@ -21,6 +21,11 @@ def glue_num(value, digits=1, missing="n/a"):
     return missing if value is None else f"{value:,.{digits}f}"
 
 
+def count_text(count, noun, plural=None):
+    """A count with its noun in the right number: '1 graph', '3 graphs', '0 graphs' (chapter 2)."""
+    return f"{count} {noun if count == 1 else plural or noun + 's'}"
+
+
 def ratio_text(row, field="speedup", missing="not measured"):
     """A row's ratio with the range of its rounds, as prose shows it: '2.10x (rounds 1.90-2.30x)' (chapter 3b)."""
     if not row or row.get(field) is None:
