@@ -1,8 +1,7 @@
-"""Chapter 2's helpers (utils/training.py): accumulation, compiled steps equal to eager, MFU, regional compile;
-chapter 2c's profiles and measured-or-loaded results, and the published chapter 2c (its smoke run is in test_notebooks)."""
+"""Chapter 2's helpers (utils/training.py): accumulation, compiled steps equal to eager, MFU, the optimizer step,
+regional compile, profiles of the training step; and the chapter (its smoke run is in test_notebooks)."""
 import json
 import logging
-import re
 
 import pytest
 import torch
@@ -161,26 +160,6 @@ def test_compiled_optimizer_step_matches_eager():
         assert torch.allclose(a, b, atol=1e-6)
 
 
-def test_time_optimizer_step_reports_times():
-    model = tiny_gpt()
-    training.fill_grads(model)
-    result = training.time_optimizer_step(model.optimizer.step, min_run_time=0.05)
-    assert result["p10_ms"] <= result["median_ms"] <= result["p90_ms"]
-
-
-def test_optimizer_step_row_times_each_variant_and_reports_failures(monkeypatch):
-    from functools import partial
-
-    monkeypatch.setattr(torch, "compile", partial(torch.compile, backend="eager"))  # no Inductor in a unit test
-    rows = {v: training.optimizer_step_row(tiny_gpt(), v, min_run_time=0.05) for v in training.OPTIMIZER_VARIANTS}
-    for variant in ("eager foreach", "compiled"):
-        assert rows[variant]["status"] == "ok" and rows[variant]["median_ms"] > 0
-    assert rows["eager foreach"]["compile_s"] == 0.0 and rows["compiled"]["compile_s"] > 0
-    assert rows["fused=True"]["status"] == "ok" or rows["fused=True"]["status"].startswith("failed: ")
-    failed = training.optimizer_step_row(tiny_gpt(), "no such variant", min_run_time=0.05)
-    assert failed["status"].startswith("failed: KeyError")
-
-
 def test_tensor_lr_compiles_one_graph_while_the_schedule_changes_it():
     tensor_graphs = training.lr_schedule_graphs(tiny_gpt(), torch.tensor(3e-4), steps=4)
     float_graphs = training.lr_schedule_graphs(tiny_gpt(), 3e-4, steps=4)
@@ -229,15 +208,7 @@ def test_training_panel_run_adds_a_measured_row(monkeypatch):
     assert panel.rows[1]["max_abs_err"] < 1e-3
 
 
-@pytest.mark.filterwarnings("ignore:dynamo_pgo force disabled")
-def test_cold_start_reports_compile_and_step_times():
-    model = training.regional_compile(tiny_gpt(), backend="aot_eager")
-    result = training.cold_start(model, tokens(), min_run_time=0.05)
-    assert result["compile_s"] > 0 and result["p10_ms"] <= result["median_ms"] <= result["p90_ms"]
-    assert result["peak_mem_gb"] is None  # no GPU here
-
-
-# --- chapter 2c: profiles of the training step, results measured or loaded --------------------------
+# --- profiles of the training step: kernels by category and phase --------------------------------
 
 def test_training_kernel_categories_add_loss_and_optimizer():
     from utils import llm
@@ -303,97 +274,7 @@ def test_profile_train_steps_on_cpu_reports_phases_and_categories():
     assert result["graph_calls_per_step"] == 0  # eager: no compiled graph was called
 
 
-def test_stored_rows_come_back_marked_with_their_origin(tmp_path):
-    import utils
-
-    assert training.stored_rows("02c_training_profiles", "resnet batch 8", gpu="NVIDIA H200", root=tmp_path) == []
-    prov = {"gpu": "NVIDIA H200", "torch": "2.11.0", "python": "3.12", "date": "2026-12-03", "preset": "full",
-            "commit": "abc1234"}
-    rows = [{"workload": "resnet batch 8", "variant": "eager", "status": "ok", "median_ms": 20.0},
-            {"workload": "resnet batch 8", "variant": "default", "status": "ok", "median_ms": 18.0,
-             "source": "loaded from results/h200/02c_training_profiles.json (commit 0ld, 2026-12-01, torch 2.11.0)"},
-            {"workload": "resnet batch 8", "variant": "max-autotune-no-cudagraphs", "status": "skipped: time"},
-            {"workload": "resnet batch 128", "variant": "eager", "status": "ok", "median_ms": 30.0}]
-    path = utils.save_results("02c_training_profiles", rows, prov, root=tmp_path)
-    loaded = training.stored_rows("02c_training_profiles", "resnet batch 8", gpu="NVIDIA H200", root=tmp_path)
-    assert [r["variant"] for r in loaded] == ["eager", "default"]  # ok rows of that workload only
-    assert loaded[0]["median_ms"] == 20.0 and loaded[0]["source"].startswith(f"loaded from {path}")
-    assert "(commit abc1234, 2026-12-03, torch 2.11.0)" in loaded[0]["source"]
-    assert "commit 0ld" in loaded[1]["source"]  # loaded before: it keeps the run that measured it
-    wider = training.stored_rows("02c_training_profiles", "resnet batch 8", gpu="NVIDIA H200", root=tmp_path,
-                                 statuses=("ok", "skipped"))
-    assert [r["variant"] for r in wider] == ["eager", "default", "max-autotune-no-cudagraphs"]
-    assert training.stored_rows("02c_training_profiles", "resnet batch 8", gpu="cpu", root=tmp_path) == []
-    utils.save_results("02c_training_profiles", rows, {**prov, "preset": "smoke"}, root=tmp_path)
-    assert training.stored_rows("02c_training_profiles", "resnet batch 8", gpu="NVIDIA H200", root=tmp_path) == []
-
-
-def test_compute_or_load_measures_unstored_keys_first_then_loads_or_skips():
-    stored = {128: [{"variant": "eager", "source": "loaded from x"}]}
-    budget = iter([True, False, False])
-    results = training.compute_or_load([128, 8, 32], lambda k: [{"variant": "eager", "batch": k}], stored,
-                                       lambda key: next(budget))
-    assert list(results) == [8, 32, 128]  # those without stored rows first, in the given order
-    assert results[8] == ([{"variant": "eager", "batch": 8}], "measured")
-    assert results[32] == ([], "skipped") and results[128] == (stored[128], "loaded")
-    everything = training.compute_or_load([128, 8], lambda k: [k], stored, lambda key: True)
-    assert everything == {8: ([8], "measured"), 128: ([128], "measured")}  # time for all: measure, even when stored
-
-
-# --- the published chapter 2c (test_notebooks runs it in the smoke preset) ----------------------------
-
-CHAPTER_2C = REPO / "notebooks" / "02c_training_profiles.ipynb"
-
-
-def test_2c_is_in_the_book_with_the_chapter_shape(repository_url):
-    from test_notebooks import code_cells, load
-
-    nb = load(CHAPTER_2C)
-    code = code_cells(nb)
-    first = "".join(code[0]["source"])
-    assert "google.colab" in first and f"!git clone --depth 1 {repository_url}" in first
-    tagged = [c for c in code if "parameters" in c["metadata"].get("tags", [])]
-    assert len(tagged) == 1 and re.search(r'^PRESET = "auto"', "".join(tagged[0]["source"]), re.M)
-    prose = "".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
-    assert "{exercise}" in prose and "{solution}" in prose and ":class: dropdown" in prose
-    assert "notebooks/02c_training_profiles" in (REPO / "_toc.yml").read_text()
-
-
-def test_2c_committed_results_profile_all_three_variants():
-    rows = json.loads((REPO / "results" / "h200" / "02c_training_profiles.json").read_text())["measurements"]
-    profiles = {r["variant"]: r for r in rows if r["workload"] == "gpt_regional_profile" and r["status"] == "ok"}
-    assert set(profiles) == {"eager", "whole-model", "regional"}
-    for row in profiles.values():
-        assert row["kernels_per_step"] > 0 and row["kernel_ms"] > 0 and row["activity"] == "CUDA kernels"
-        assert row["kernel_ms"] == pytest.approx(sum(v for k, v in row.items() if k.startswith("kernel_ms_")))
-    assert profiles["regional"]["graph_calls_per_step"] > profiles["whole-model"]["graph_calls_per_step"] > 0
-
-
-def test_2c_committed_autotune_rows_are_timed_unfinished_or_skipped_with_a_reason():
-    data = json.loads((REPO / "results" / "h200" / "02c_training_profiles.json").read_text())
-    batches = [r for r in data["measurements"] if r["workload"].startswith("resnet batch")]
-    assert {r["batch"] for r in batches if "batch" in r} <= {8, 128}
-    for workload in {r["workload"] for r in batches}:
-        rows = {r["variant"]: r for r in batches if r["workload"] == workload}
-        assert set(rows) == {"eager", "default", "max-autotune-no-cudagraphs"}
-        statuses = [rows[v]["status"].split(":")[0] for v in ("eager", "default", "max-autotune-no-cudagraphs")]
-        if statuses[0] == "skipped":  # not measured and not stored: every row says why
-            assert set(statuses) == {"skipped"}
-            continue
-        assert statuses[0] == "ok" and rows["eager"]["speedup"] == pytest.approx(1.0)
-        for row in rows.values():
-            if row["status"] == "ok" and row["variant"] != "eager":
-                assert row["compile_s"] > 0 and row["speedup"] == pytest.approx(
-                    rows["eager"]["median_ms"] / row["median_ms"])
-            if row["status"].startswith("unfinished"):  # a lower bound, and nothing after it ran
-                assert row["compile_s_at_least"] > 0 and "median_ms" not in row
-        if "unfinished" in statuses:
-            assert statuses[statuses.index("unfinished") + 1:] in ([], ["skipped"])
-        sources = {r.get("source") for r in rows.values()}
-        assert len(sources) == 1  # one batch's rows come from one run: measured together or loaded together
-
-
-# --- chapter 2 measured in parts (the draft notebook's helpers) ------------------------------------
+# --- measured in parts: against eager in rounds, the optimizer in rounds, profiles, MFU ------------
 
 def test_spec_peak_by_gpu_name():
     assert training.spec_bf16_flops("NVIDIA H200") == 989e12
@@ -462,30 +343,79 @@ def test_verdict_reads_the_range_of_the_rounds():
     assert training.verdict(None) == "not measured against"
 
 
-# --- the draft of chapter 2: one notebook measured in parts, until its GPU run replaces 02, 02b and 02c ----
+# --- the chapter: its notebook and its committed run ----------------------------------------------
 
-DRAFT_2 = REPO / "notebooks" / "draft-02_training.ipynb"
+CHAPTER_2 = REPO / "notebooks" / "02_training.ipynb"
 
 
-def test_draft_2_has_the_chapter_shape(repository_url):
-    from test_notebooks import assert_no_plumbing, check_draft_shape
+def chapter_presets():
+    """The chapter's PRESETS, as its parameters cell defines them (RESNET_50 spread into some)."""
+    import ast
 
-    code, prose = check_draft_shape(DRAFT_2, repository_url)
+    from test_notebooks import code_cells, load
+
+    source = next("".join(c["source"]) for c in code_cells(load(CHAPTER_2)) if "PRESETS = {" in "".join(c["source"]))
+    tree = ast.parse(source)
+    wanted = [n for n in tree.body if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", None) in
+              ("RESNET_50", "PRESETS")]
+    namespace = {}
+    exec(compile(ast.Module(body=wanted, type_ignores=[]), str(CHAPTER_2), "exec"), namespace)
+    return namespace["PRESETS"]
+
+
+def test_2_has_no_run_window_plumbing():
+    from test_notebooks import assert_no_plumbing
+
+    nb = json.loads(CHAPTER_2.read_text())
+    code = "".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
+    prose = "".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
     assert 'utils.Run("02_training", PRESET_NAME, P)' in code and "run.part(" in code
     assert_no_plumbing(code + prose)
-    for word in ("n/a", "unfinished", "did not run"):
+    for word in ("n/a", "unfinished", "did not run"):  # every part finishes: nothing to say it did not
         assert word not in code + prose
 
 
-@pytest.mark.slow
-def test_draft_2_runs_in_smoke_preset_on_cpu(tmp_path, monkeypatch):
-    from test_notebooks import run_draft_smoke
+NOT_COMPILED = ("eager", "eager foreach", "fused=True")  # the baselines and the hand-written fused AdamW
 
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    nb, text = run_draft_smoke(DRAFT_2, tmp_path)
-    assert re.search(r"resnet batch 2, default: [\d.]+ ms, [\d.]+x \(rounds", text), "ResNet against eager in rounds"
-    assert re.search(r"resnet batch 2, reduce-overhead: skipped: .*needs a GPU", text)
-    assert re.search(r"micro-batches x 3 steps: 1 graph\(s\) compiled", text), "accumulation did not recompile"
-    assert re.search(r"tensor lr: 1 graph\(s\)", text), "a tensor lr compiles once"
-    assert re.search(r"regional: [\d.]+ ms, .* 1 graph\(s\)", text), "one graph serves every block"
-    assert re.search(r"batch 8, max-autotune-no-cudagraphs: [\d.]+ ms", text)
+
+def test_2_committed_results_hold_each_variant_against_eager_in_its_rounds():
+    from test_diffusion import complete_full_run
+
+    rows = complete_full_run("02_training")
+    for r in rows:  # every ratio is the median of its rounds, and a compiled variant's first step compiled
+        if r["variant"] == "eager" or r.get("speedup") is None:
+            continue
+        assert r["speedup_lo"] <= r["speedup"] <= r["speedup_hi"], f"{r['workload']}, {r['variant']}: its rounds"
+        if r["variant"] not in NOT_COMPILED:
+            assert r["compile_s"] > 0, f"{r['workload']}, {r['variant']}: no compile time"
+        if r.get("gpu_ms") is not None:
+            assert 0 < r["gpu_ms"] < r["median_ms"], f"{r['workload']}, {r['variant']}: GPU time per step"
+    full = chapter_presets()["full"]
+    by = {}
+    for r in rows:
+        by.setdefault(r["workload"], {})[r["variant"]] = r
+    for batch in full["resnet_batches"]:
+        assert set(by[f"resnet batch {batch}"]) == {"eager", "default", "reduce-overhead"}, batch
+        assert all(r["batch"] == batch for r in by[f"resnet batch {batch}"].values())
+    for batch in full["autotune_batches"]:
+        assert set(by[f"resnet batch {batch}, autotune part"]) == {"eager", "max-autotune-no-cudagraphs"}, batch
+    for r in by["gpt_train"].values():  # the measured matmul rate is below the data sheet's peak
+        assert 0 < r["mfu_spec"] < r["mfu"] < 1
+    accumulation = by["gpt_accumulation"]["default"]
+    assert accumulation["graphs"] == 1 and accumulation["recompiles"] == 0
+    assert accumulation["micro_batches"] == full["micro_batches"]
+    assert set(by["optimizer_step"]) == set(training.OPTIMIZER_VARIANTS)
+    assert by["optimizer_step"]["compiled"]["compile_s"] > 0 and by["optimizer_step"]["fused=True"]["compile_s"] == 0
+    lr = by["lr_schedule"]
+    assert lr["tensor lr"]["graphs"] == 1 and lr["float lr"]["graphs"] > lr["tensor lr"]["graphs"]
+    assert {True, False} == {r["compiled_autograd"] for w in ("compiled_autograd=True", "compiled_autograd=False")
+                             for r in by[w].values()}
+    assert by["gpt whole-model"]["whole-model"]["graphs"] >= 1 and by["gpt regional"]["regional"]["graphs"] >= 1
+    profiles = by["gpt_regional_profile"]
+    assert set(profiles) == {"eager", "whole-model", "regional"}
+    for r in profiles.values():
+        assert r["activity"] == "CUDA kernels" and r["kernels_per_step"] > 0
+        assert 0 < r["kernel_ms"] < r["median_ms"], f"{r['variant']}: its kernels fill less than the step's wall time"
+        assert r["kernel_ms"] == pytest.approx(sum(v for k, v in r.items() if k.startswith("kernel_ms_")))
+        assert r["gap_ms"] == pytest.approx(r["median_ms"] - r["kernel_ms"])
+    assert profiles["regional"]["graph_calls_per_step"] > profiles["whole-model"]["graph_calls_per_step"] > 0

@@ -64,7 +64,7 @@ def read_results(path):
 
 
 def chapter_label(stem):
-    """'02b_training_tuning' as 'chapter 2b' (benchmarks page)."""
+    """'03b_quantized_decode' as 'chapter 3b' (benchmarks page)."""
     number = stem.split("_")[0].lstrip("0") or "0"
     return f"chapter {number}" if re.match(r"\d", number) else stem
 
@@ -168,7 +168,7 @@ def _code(text):
 
 
 def chapter_link(row, chapters, short=True):
-    """The chapter as a link to its page where the toc has it ('2b', or 'chapter 2b'), else its name (benchmarks page)."""
+    """The chapter as a link to its page where the toc has it ('3b', or 'chapter 3b'), else its name (benchmarks page)."""
     doc = next((c for c in chapters if Path(c).name == row["stem"]), None)
     text = row["chapter"].replace("chapter ", "") if short else row["chapter"]
     return f"[{text}](../{doc}.ipynb)" if doc else text

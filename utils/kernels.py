@@ -1,6 +1,6 @@
-"""Kernels by category: what a profile's kernels (or, on a CPU, operators) spend their time on (chapters 3, 2c).
+"""Kernels by category: what a profile's kernels (or, on a CPU, operators) spend their time on (chapters 3, 2).
 
-Free of the chapters' libraries (transformers, ipywidgets): chapter 3 (utils.llm) and chapter 2c
+Free of the chapters' libraries (transformers, ipywidgets): chapter 3 (utils.llm) and chapter 2
 (utils.training) both count with it.
 """
 import json
@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 KERNEL_CATEGORIES = ("matmul (library)", "matmul (Triton)", "attention", "Triton fused", "Inductor C++", "other")
-# A training step also runs a loss and an optimizer: kernel_category(name, training=True) adds these (chapter 2c).
+# A training step also runs a loss and an optimizer: kernel_category(name, training=True) adds these (chapter 2).
 TRAINING_CATEGORIES = ("loss", "optimizer")
 
 

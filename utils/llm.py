@@ -13,7 +13,7 @@ from .compare import failure_reason as failure  # noqa: F401 (re-exported for ch
 from .compiler import compile_cache, free_compiled, is_oom  # noqa: F401 (re-exported for chapter 3)
 from .glue import glue_num  # noqa: F401 (re-exported for chapter 3)
 from .kernels import (KERNEL_CATEGORIES, TRAINING_CATEGORIES, gpu_kernels, kernel_category,  # noqa: F401 (re-exported
-                      time_by_category)  # for chapters 3 and 2c)
+                      time_by_category)  # for chapters 3 and 2)
 from .timing import quantiles, time_fn, time_interleaved
 
 # The Gemma-2B architecture (google/gemma-2b's config.json), for GemmaConfig(**GEMMA_2B).

@@ -1,5 +1,5 @@
-"""Chapter 2's helpers: training steps for ResNet-50 and a GPT-style decoder, MFU, accumulation, regional compile;
-chapter 2c's: a profile of the training step by kernel category and phase, results measured or loaded."""
+"""Chapter 2's helpers: training steps for ResNet-50 and a GPT-style decoder, MFU, accumulation, the optimizer step,
+regional compile, and a profile of the training step by kernel category and phase."""
 import contextlib
 import json
 import statistics
@@ -12,10 +12,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .compare import compare, cudagraph_step_begin, recount_model_breaks  # noqa: F401 (re-exported for chapter 2)
-from .env import REPO_ROOT
 from .kernels import gpu_kernels, time_by_category
 from .models import GPT  # also re-exported: utils.training.GPT
-from .results import load_results, results_path
 from .timing import sync, time_first_call, time_fn
 
 
@@ -141,30 +139,7 @@ def fill_grads(model, seed=0):
         p.grad = (torch.randn(p.shape, generator=g) * 1e-3).to(p.device, p.dtype)
 
 
-def time_optimizer_step(step, min_run_time=1.0):
-    """Cold first call (compile, if any) and steady-state time of an optimizer step (chapter 2)."""
-    first_s, _ = time_first_call(step)
-    timing = time_fn(step, min_run_time=min_run_time)
-    return {"compile_s": first_s, "median_ms": timing.median_ms, "p10_ms": timing.p10_ms, "p90_ms": timing.p90_ms}
-
-
 OPTIMIZER_VARIANTS = {"eager foreach": {"foreach": True}, "fused=True": {"fused": True}, "compiled": {}}
-
-
-def optimizer_step_row(model, variant, min_run_time=1.0, lr=3e-4):
-    """Time one AdamW variant of OPTIMIZER_VARIANTS on model's parameters with fixed gradients; a result row (chapter 2)."""
-    row = {"workload": "optimizer_step", "variant": variant}
-    torch._dynamo.reset()
-    try:
-        model.optimizer = torch.optim.AdamW(model.parameters(), lr=lr, **OPTIMIZER_VARIANTS[variant])
-        fill_grads(model)
-        step = torch.compile(model.optimizer.step) if variant == "compiled" else model.optimizer.step
-        result = time_optimizer_step(step, min_run_time=min_run_time)
-    except Exception as error:  # fused AdamW is not built for every device; out of memory is a result too
-        return {**row, "status": f"failed: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:200]}
-    finally:
-        torch._dynamo.reset()
-    return {**row, "status": "ok", **result, "compile_s": result["compile_s"] if variant == "compiled" else 0.0}
 
 
 def lr_schedule_graphs(model, lr, steps):
@@ -214,20 +189,7 @@ def regional_compile(model, **compile_kwargs):
     return model
 
 
-def cold_start(model, inputs, min_run_time=1.0):
-    """First training step with Inductor's caches off (cold compile seconds), then the steady step time (chapter 2)."""
-    torch._dynamo.reset()
-    if torch.cuda.is_available():
-        torch.cuda.reset_peak_memory_stats()
-    with torch._inductor.config.patch(force_disable_caches=True):
-        cold_s, _ = time_first_call(lambda: train_step(model, inputs))
-    timing = time_fn(lambda: train_step(model, inputs), min_run_time=min_run_time)
-    peak = torch.cuda.max_memory_allocated() / 1e9 if torch.cuda.is_available() else None
-    return {"compile_s": cold_s, "median_ms": timing.median_ms, "p10_ms": timing.p10_ms,
-            "p90_ms": timing.p90_ms, "peak_mem_gb": peak}
-
-
-# --- chapter 2c: where a training step's time goes ---------------------------------------------------
+# --- chapter 2: where a training step's time goes ----------------------------------------------------
 
 PHASES = ("forward + loss", "backward", "optimizer")
 
@@ -305,42 +267,6 @@ def profile_train_steps(model, inputs, steps):
     # on a CPU: operators' self time (it does not nest, so it adds up)
     cpu_ops = None if cuda else [(e.key, e.self_cpu_time_total) for e in prof.key_averages()]
     return {"activity": "CUDA kernels" if cuda else "CPU ops only, no GPU", **step_summary(trace, steps, cpu_ops)}
-
-
-# --- chapter 2c: results measured in this run, or loaded from an earlier one -------------------------
-
-def stored_rows(chapter, workload, gpu=None, root=None, preset="full", statuses=("ok",)):
-    """Chapter 2c: rows of `workload` with a status in `statuses` in this GPU's results file of a `preset` run, marked "loaded from ...".
-
-    (kept for chapter 2c/5 until it measures through utils.runs)
-    """
-    path = results_path(chapter, gpu, root)
-    if not path.exists():
-        return []
-    data = load_results(path)
-    prov = data["provenance"]
-    if prov.get("preset") != preset:
-        return []
-    shown = path.relative_to(REPO_ROOT) if path.is_relative_to(REPO_ROOT) else path
-    source = f"loaded from {shown} (commit {prov.get('commit', 'unknown')}, {prov.get('date')}, torch {prov.get('torch')})"
-    return [{**row, "source": row.get("source") or source} for row in data["measurements"]  # a re-loaded row keeps its origin
-            if row["workload"] == workload and row.get("status", "").split(":")[0] in statuses]
-
-
-def compute_or_load(keys, measure, stored, fits):
-    """Chapter 2c: {key: (rows, how)}: measure(key) while fits(key), keys without stored rows first; else stored rows, else skipped.
-
-    (kept for chapter 2c/5 until it measures through utils.runs)
-    """
-    results = {}
-    for key in sorted(keys, key=lambda k: bool(stored.get(k))):  # stable: the given order within each group
-        if fits(key):
-            results[key] = (measure(key), "measured")
-        elif stored.get(key):
-            results[key] = (stored[key], "loaded")
-        else:
-            results[key] = ([], "skipped")
-    return results
 
 
 # --- chapter 2 measured in parts: eager against prepared steps, the optimizer in rounds, profiles, floors ---
