@@ -287,4 +287,4 @@ def test_draft_runs_in_smoke_preset_on_cpu(tmp_path, monkeypatch):
     nb, text = run_draft_smoke(NOTEBOOK, tmp_path)
     assert "bad requests: 4 refused with a 4xx" in text and "recompiles under load: 0" in text
     assert "graphs compiled: dynamic=None 2, dynamic=True 1" in text  # section 5: a recompile, then symbolic sizes
-    assert "the model: 2 graphs, 1 graph break(s)" in text and "steady calls: eager" in text
+    assert "the model: 2 graphs, 1 graph break:" in text and "steady calls: eager" in text
