@@ -83,9 +83,11 @@ test-fast: $(STAMP)
 
 setup: $(STAMP) $(VENDOR)/.stamp $(VEGA_DIR)/.stamp
 
+# --no-compile: pip would byte-compile every module of torch and the rest (about half a minute on two
+# cores); Python compiles the ones it imports, once, when it first imports them.
 $(STAMP): requirements.txt tests/requirements.txt
 	@test -x $(PY) || { echo "creating $(VENV)"; $(PYTHON) -m venv $(VENV); }
-	$(PY) -m pip install -q -r requirements.txt -r tests/requirements.txt
+	$(PY) -m pip install -q --no-compile -r requirements.txt -r tests/requirements.txt
 	@touch $@
 
 $(VENDOR)/.stamp: Makefile
