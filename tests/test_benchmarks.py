@@ -75,6 +75,27 @@ def test_page_has_every_results_file_and_the_best_recipe_of_each_workload():
         assert f'id="{anchor}"' in page
 
 
+CHAPTER_RESULTS = [p for p in benchmarks.results_files(REPO / "results") if re.match(r"\d\d_", p.stem)]
+FRACTIONS = ("floor_frac", "roofline_frac", "mfu_spec")  # floor time / recipe time, or the share of a roofline or peak
+# Chapter 2 saves its floors as rows from its next render on (its committed results predate them). Strict:
+# once that render lands this xfail fails, and the entry goes.
+FLOOR_ROWS_PENDING = {"02_training"}
+
+
+@pytest.mark.parametrize("path", [
+    pytest.param(p, marks=pytest.mark.xfail(strict=True, reason="results predate the floor rows"))
+    if p.stem in FLOOR_ROWS_PENDING else p for p in CHAPTER_RESULTS], ids=[p.stem for p in CHAPTER_RESULTS])
+def test_each_chapter_saves_its_floor_and_how_close_its_best_recipe_came(path):
+    """A row with variant 'floor' for the headline workload, and a measured recipe of that workload with its fraction."""
+    rows = json.loads(path.read_text())["measurements"]
+    floors = [r for r in rows if r["variant"] == "floor" and r.get("status", "ok") == "ok"]
+    assert floors, f"{path.name}: no floor row"
+    for floor in floors:
+        recipes = [r for r in rows if r["workload"] == floor["workload"] and r["variant"] != "floor"
+                   and any(isinstance(r.get(f), (int, float)) for f in FRACTIONS)]
+        assert recipes, f"{path.name}: nothing of {floor['workload']!r} says how close it came to its floor"
+
+
 def test_headline_is_the_fastest_compiled_variant_with_dashes_for_what_was_not_measured(tmp_path):
     repo = make_repo(tmp_path, {"h200/01_a.json": results_text(GOOD)})
     page = benchmarks.page_markdown(repo)
