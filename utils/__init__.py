@@ -4,7 +4,7 @@ Importing it pulls in neither IPython nor ipywidgets: `glue`, `show_table` and t
 when first used.
 """
 from .compare import EAGER, break_even_calls, compare, compile_kwargs, describe, tolerance, variant_name
-from .glue import count_text, glue, glue_num, ratio_text
+from .glue import count_text, glue, glue_num, ratio_text, rounds_verdict
 from .env import (choose_preset, gpu_name, gpu_slug, max_autotune_skip_reason, pick_device, pick_dtype, pick_preset,
                   provenance, resolve_preset, without_max_autotune)
 from .models import Block, BlockStack, block_stack, count_params

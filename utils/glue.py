@@ -33,3 +33,14 @@ def ratio_text(row, field="speedup", missing="not measured"):
     if row.get(f"{field}_lo") is None:
         return f"{row[field]:.2f}x"
     return f"{row[field]:.2f}x (rounds {row[f'{field}_lo']:.2f}-{row[f'{field}_hi']:.2f}x)"
+
+
+def rounds_verdict(row, than="eager", field="speedup", missing="not measured here"):
+    """Where all of a row's rounds lie against one, as prose says it: 'faster than eager in every round' (chapter 4)."""
+    if not row or row.get(field) is None:
+        return missing
+    if row[f"{field}_lo"] > 1:
+        return f"faster than {than} in every round"
+    if row[f"{field}_hi"] < 1:
+        return f"slower than {than} in every round"
+    return f"neither consistently faster nor slower than {than} (its rounds fall on both sides of one)"
