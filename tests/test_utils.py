@@ -633,6 +633,17 @@ def test_count_text_puts_the_noun_in_the_right_number():
     assert count_text(2, "copy", "copies") == "2 copies"
 
 
+def test_rounds_verdict_says_where_all_the_rounds_lie():
+    from utils import rounds_verdict
+
+    row = {"speedup": 1.5, "speedup_lo": 1.2, "speedup_hi": 1.8}
+    assert rounds_verdict(row) == "faster than eager in every round"
+    assert rounds_verdict({**row, "speedup_lo": 0.6, "speedup_hi": 0.9}, than="default") == \
+        "slower than default in every round"
+    assert rounds_verdict({**row, "speedup_lo": 0.9}).startswith("neither consistently faster nor slower than eager")
+    assert rounds_verdict(None) == rounds_verdict({"speedup": None}) == "not measured here"
+
+
 def test_max_autotune_is_left_out_on_a_gpu_with_too_few_sms_and_says_why(monkeypatch, fake_h200, capsys):
     """A T4 (40 SMs) gets no max-autotune variants and a printed reason; an H200 (132 SMs) and a CPU keep them."""
     from torch._inductor.utils import is_big_gpu
