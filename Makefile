@@ -83,11 +83,11 @@ test-fast: $(STAMP)
 
 setup: $(STAMP) $(VENDOR)/.stamp $(VEGA_DIR)/.stamp
 
-# --no-compile: pip would byte-compile every module of torch and the rest (about half a minute on two
-# cores); Python compiles the ones it imports, once, when it first imports them.
+# pip byte-compiles what it installs: keep it (no --no-compile). Where PYTHONDONTWRITEBYTECODE is set, as on
+# the CI machine, Python never writes .pyc files itself, and every process would compile torch from source.
 $(STAMP): requirements.txt tests/requirements.txt
 	@test -x $(PY) || { echo "creating $(VENV)"; $(PYTHON) -m venv $(VENV); }
-	$(PY) -m pip install -q --no-compile -r requirements.txt -r tests/requirements.txt
+	$(PY) -m pip install -q -r requirements.txt -r tests/requirements.txt
 	@touch $@
 
 $(VENDOR)/.stamp: Makefile
