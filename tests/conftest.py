@@ -177,3 +177,12 @@ def page_problems(browser, site):
                 outside.append(url.geturl())
     not_found = [(code, path) for code, path in QuietHandler.requests if code not in (200, 304)]
     return {"console errors": severe, "requests outside the site": outside, "files not found": not_found}
+
+
+def awaiting_render(items, stems, reason):
+    """pytest params of `items`, those whose stem is in `stems` marked strict xfail: their committed outputs
+    predate a fix that their next GPU render brings. Strict, so the render that lands it fails the test until
+    the entry goes."""
+    return [pytest.param(item, marks=pytest.mark.xfail(strict=True, reason=reason)) if item.stem in stems else item
+            for item in items]
+

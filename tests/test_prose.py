@@ -46,7 +46,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, awaiting_render
 
 NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))  # the chapters and the drafts of the next ones
 IDS = [nb.stem for nb in NOTEBOOKS]
@@ -299,14 +299,12 @@ def test_the_machine_path_checker_sees_printed_paths_but_not_logs():
 
 
 # 3b's saving cell printed the absolute path its results went to (PosixPath('/work/...')); its source now
-# prints the path relative to the book, and its committed outputs show that after its next render. Strict:
-# once the render lands this xfail fails, and the entry goes.
+# prints the path relative to the book, and its committed outputs show that after its next render.
 STALE_PATH_OUTPUTS = {"03b_quantized_decode"}
 
 
-@pytest.mark.parametrize("notebook", [
-    pytest.param(nb, marks=pytest.mark.xfail(strict=True, reason="committed outputs predate the fix"))
-    if nb.stem in STALE_PATH_OUTPUTS else nb for nb in NOTEBOOKS], ids=IDS)
+@pytest.mark.parametrize("notebook", awaiting_render(NOTEBOOKS, STALE_PATH_OUTPUTS, "committed outputs predate the fix"),
+                         ids=IDS)
 def test_outputs_show_no_machine_paths(notebook):
     """A page prints where its results went relative to the book, never a path of the machine it ran on."""
     found = machine_paths(notebook)
