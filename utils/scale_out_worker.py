@@ -456,6 +456,7 @@ def main(argv=None):
             with open(args.out, "a") as f:
                 f.write(json.dumps(row) + "\n")
             print(describe(row), flush=True)
+        dist.barrier()  # rank 0 may still be writing: no rank tears the group down while another uses it
     finally:
         dist.destroy_process_group()
 
