@@ -382,6 +382,13 @@ def test_2_committed_results_hold_each_variant_against_eager_in_its_rounds():
     from test_diffusion import complete_full_run
 
     rows = complete_full_run("02_training")
+    floors = {r["workload"]: r for r in rows if r["variant"] == "floor"}  # best step's GPU time; GPT FLOPs at peak
+    rows = [r for r in rows if r["variant"] != "floor"]
+    large = max(chapter_presets()["full"]["resnet_batches"])
+    assert set(floors) == {f"resnet batch {large}", "gpt_train"}
+    for workload, floor in floors.items():  # below the recipe it bounds
+        recipe = next(r for r in rows if r["workload"] == workload and r["variant"] == floor["floor_of"])
+        assert 0 < floor["median_ms"] < recipe["median_ms"], workload
     for r in rows:  # every ratio is the median of its rounds, and a compiled variant's first step compiled
         if r["variant"] == "eager" or r.get("speedup") is None:
             continue
