@@ -5,15 +5,13 @@ results/<gpu>/runs.json. The fast tests fake the papermill run (no kernel, no GP
 check the entries; draw the page's table and agenda times from a tiny fixture (tests/data/runs.json)
 through utils/workshop.py and through the Sphinx extension (book/_ext/workshop_runs.py) in a small
 Sphinx project; check that a broken runs file stops the build naming it; and check the page's links
-to sections and exercises against the notebooks. The slow tests build the site with the page (its
-own build once _toc.yml lists it; until then, a build whose toc adds it) and open it in Chromium.
+to sections and exercises against the notebooks. The slow tests read the page in the book's own build
+(_toc.yml lists it) and open it in Chromium.
 """
 import datetime
 import io
 import json
 import re
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -24,7 +22,7 @@ import yaml
 from docutils.nodes import make_id
 
 import utils.run_book
-from conftest import ANSI, BUILD_CMD, REPO, open_page, page_problems, serve
+from conftest import REPO, open_page, page_problems
 from utils import benchmarks, workshop
 from utils.env import SIMULATE_ENV
 from utils.run_book import ChapterFailed, ChapterPending
@@ -318,39 +316,15 @@ def test_the_page_leaves_the_times_to_the_recorded_runs():
 
 # --- the built page ---------------------------------------------------------------------------------
 
-def toc_docs(toc):
-    return [c["file"] for part in toc.get("parts", []) for c in part.get("chapters", [])]
-
-
-@pytest.fixture(scope="session")
-def workshop_site(request):
-    """A built site holding the workshop page: the book's own build once _toc.yml lists the page, else a build
-    (with the same flags, into _build/workshop-preview/) whose toc is _toc.yml with the page added under
-    'Using this book'."""
+def test_the_toc_lists_the_page():
     toc = yaml.safe_load((REPO / "_toc.yml").read_text())
-    if PAGE_DOC in toc_docs(toc):
-        return request.getfixturevalue("built_site")
-    part = next(p for p in toc["parts"] if p.get("caption") == "Using this book")
-    part["chapters"].append({"file": PAGE_DOC})
-    preview = REPO / "_build" / "workshop-preview"
-    shutil.rmtree(preview, ignore_errors=True)
-    preview.mkdir(parents=True)
-    (preview / "_toc.yml").write_text(yaml.safe_dump(toc, sort_keys=False))
-    jupyter_book = Path(sys.executable).with_name("jupyter-book")
-    cmd = [str(jupyter_book) if jupyter_book.exists() else "jupyter-book", *BUILD_CMD,
-           "--toc", str(preview / "_toc.yml"), "--path-output", str(preview)]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1800)
-    log = ANSI.sub("", proc.stdout + proc.stderr)
-    (preview / "build.log").write_text(log)
-    warnings = [line for line in log.splitlines() if "WARNING" in line or "ERROR" in line]
-    assert proc.returncode == 0 and not warnings, \
-        f"the site with the workshop page: exit {proc.returncode}\n" + "\n".join(warnings or log.splitlines()[-40:])
-    return preview / "_build" / "html"
+    using = next(p for p in toc["parts"] if p.get("caption") == "Using this book")
+    assert PAGE_DOC in [c["file"] for c in using["chapters"]]
 
 
 @pytest.mark.slow
-def test_the_workshop_page_builds_with_its_agendas_and_times(workshop_site):
-    page = (workshop_site / f"{PAGE_DOC}.html").read_text()
+def test_the_workshop_page_builds_with_its_agendas_and_times(built_site):
+    page = (built_site / f"{PAGE_DOC}.html").read_text()
     assert re.search(r"<h1>Workshops: a class on torch\.compile", page)
     runs = workshop.gather_runs(REPO / "results")
     shown = re.findall(r'<span class="workshop-minutes">([^<]*)</span>', page)
@@ -365,17 +339,11 @@ def test_the_workshop_page_builds_with_its_agendas_and_times(workshop_site):
         assert re.search(rf'href="[^"]*#{label}"', page), f"no link to the exercise {label}"
 
 
-@pytest.fixture(scope="session")
-def workshop_served(workshop_site):
-    """The site holding the workshop page, served on a free loopback port; its URL."""
-    yield from serve(workshop_site)
-
-
 @pytest.mark.slow
-def test_the_workshop_page_opens_cleanly_in_a_browser(browser, workshop_served):
+def test_the_workshop_page_opens_cleanly_in_a_browser(browser, site):
     from selenium.webdriver.common.by import By
 
-    open_page(browser, f"{workshop_served}/{PAGE_DOC}.html")
+    open_page(browser, f"{site}/{PAGE_DOC}.html")
     heading = browser.find_element(By.CSS_SELECTOR, "article h1")
     assert heading.is_displayed() and heading.text.startswith("Workshops:")
     assert "Workshops" in browser.title
@@ -383,5 +351,5 @@ def test_the_workshop_page_opens_cleanly_in_a_browser(browser, workshop_served):
     assert len(tables) >= 2 and all(t.is_displayed() for t in tables), "the two agendas"
     boxes = browser.find_elements(By.CSS_SELECTOR, "article input[type=checkbox]")
     assert boxes, "the set-up checklist"
-    problems = {k: v for k, v in page_problems(browser, workshop_served).items() if v}
+    problems = {k: v for k, v in page_problems(browser, site).items() if v}
     assert not problems, problems
