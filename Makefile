@@ -1,6 +1,7 @@
 # Two commands, each setting up what it needs first (idempotent, fast once set up):
 #   make book   build the static site into _build/html
-#   make test   run the test suite (library, notebook smoke runs on CPU, site build, browser)
+#   make test   run the test suite (library, notebook smoke runs on CPU, site build, browser), on as many
+#               pytest-xdist workers as there are cores, at most 4 (tests/conftest.py: the units of work)
 #   make test-fast   the same without the tests marked slow (notebook smoke runs, site build, browser)
 # and for workshops:
 #   make student   the same site without the exercises' solutions, into _build/student/html
@@ -75,11 +76,11 @@ student: setup
 	@echo "student edition (no solutions): $(STUDENT_HTML)/index.html"
 
 test: setup browser
-	$(PY) -m pytest -q --durations=25 tests
+	$(PY) -m pytest -q --durations=25 -n auto --maxprocesses 4 tests
 
 # Library and runner tests, in minutes: no notebook smoke run, site build or browser (tests/pytest.ini: slow).
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not slow" tests
+	$(PY) -m pytest -q -n auto --maxprocesses 4 -m "not slow" tests
 
 setup: $(STAMP) $(VENDOR)/.stamp $(VEGA_DIR)/.stamp
 

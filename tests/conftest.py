@@ -14,6 +14,10 @@ REPO = Path(__file__).resolve().parent.parent
 # notebook kernels papermill starts (they inherit this environment) share it with each other
 # and with the library tests. /.cache/ is git-ignored.
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(REPO / ".cache" / "inductor"))
+# Under pytest-xdist, each worker (and the notebook kernels it starts) gets its share of the cores for
+# torch's threads: OpenMP threads that outnumber the cores spin against each other and slow every worker.
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))))
 # Cora and CiteSeer's raw files, laid beside the checkout for tests and CI (read-only there:
 # utils.gnn.load_cora reads a temporary copy of a folder it cannot write to).
 SHARED_PLANETOID = REPO.parent / "shared" / "data" / "planetoid"
@@ -27,6 +31,45 @@ import yaml  # noqa: E402
 
 BUILD_CMD = ["build", ".", "--all", "-W", "-n", "--keep-going"]
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+# `make test` runs the suite on two pytest-xdist workers. A unit of work goes to one worker whole: the
+# modules that use the built site or the browser (built and started once), each notebook's smoke run, and
+# each other module (its module fixtures, a server or a torchrun, are set up once).
+SITE_FIXTURES = {"built_site", "site", "browser", "student_build", "student_site"}
+SITE_MODULES = {"test_benchmarks.py", "test_book.py", "test_browser.py", "test_reference_pages.py", "test_student.py",
+                "test_workshop.py"}
+
+
+def work_unit(nodeid):
+    """The unit of work a test belongs to, from its node id (e.g. 'test_book.py::test_x' -> 'site')."""
+    module = nodeid.split("::")[0].rsplit("/", 1)[-1]
+    if "smoke_preset" in nodeid:
+        return nodeid
+    return "site" if module in SITE_MODULES else module
+
+
+def pytest_collection_modifyitems(config, items):
+    """The notebook smoke runs first (the longest units, so that the workers end together); and a test that uses
+    the built site must live in one of SITE_MODULES, or two workers would build it at once."""
+    items.sort(key=lambda item: "smoke_preset" not in item.nodeid)  # stable: the rest keep their order
+    strays = [item.nodeid for item in items
+              if SITE_FIXTURES & set(item.fixturenames) and work_unit(item.nodeid) != "site"]
+    if strays:
+        raise pytest.UsageError(f"tests using the built site outside SITE_MODULES (tests/conftest.py): {strays}")
+
+
+try:
+    import xdist.scheduler
+except ImportError:  # a plain `pytest` run, without pytest-xdist
+    xdist = None
+else:
+    def pytest_xdist_make_scheduler(config, log):
+        """xdist's scheduling by scope, with this suite's units of work (work_unit)."""
+        class ByWorkUnit(xdist.scheduler.LoadScopeScheduling):
+            def _split_scope(self, nodeid):
+                return work_unit(nodeid)
+        return ByWorkUnit(config, log)
 
 
 @pytest.fixture(scope="session")
