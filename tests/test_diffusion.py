@@ -18,18 +18,7 @@ from utils import diffusion  # noqa: E402
 
 diffusers.utils.logging.set_verbosity_error()
 
-TINY = {
-    "unet": dict(sample_size=8, in_channels=4, out_channels=4, layers_per_block=1, block_out_channels=(32, 64),
-                 cross_attention_dim=32, attention_head_dim=8, norm_num_groups=8,
-                 down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
-                 up_block_types=("UpBlock2D", "CrossAttnUpBlock2D")),
-    "vae": dict(in_channels=3, out_channels=3, latent_channels=4, layers_per_block=1, sample_size=64,
-                block_out_channels=(8, 8, 16, 16), norm_num_groups=4,
-                down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4),
-    "text": dict(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_hidden_layers=2,
-                 max_position_embeddings=77, vocab_size=1000, projection_dim=32, hidden_act="quick_gelu"),
-    "scheduler": diffusion.SD15_SCHEDULER,
-}
+TINY = diffusion.TINY
 @pytest.fixture(scope="module")
 def pipe():
     return diffusion.build_pipeline(TINY, "cpu", torch.float32)

@@ -31,6 +31,20 @@ SD15_SCHEDULER = dict(num_train_timesteps=1000, beta_start=0.00085, beta_end=0.0
                       skip_prk_steps=True, steps_offset=1, set_alpha_to_one=False)
 SD15 = {"unet": SD15_UNET, "vae": SD15_VAE, "text": SD15_TEXT, "scheduler": SD15_SCHEDULER}
 
+# The smoke presets' pipeline (chapter 5): the same classes as Stable Diffusion 1.5, a few channels and blocks.
+TINY = {
+    "unet": dict(sample_size=8, in_channels=4, out_channels=4, layers_per_block=1, block_out_channels=(32, 64),
+                 cross_attention_dim=32, attention_head_dim=8, norm_num_groups=8,
+                 down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+                 up_block_types=("UpBlock2D", "CrossAttnUpBlock2D")),
+    "vae": dict(in_channels=3, out_channels=3, latent_channels=4, layers_per_block=1, sample_size=64,
+                block_out_channels=(8, 8, 16, 16), norm_num_groups=4,
+                down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4),
+    "text": dict(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_hidden_layers=2,
+                 max_position_embeddings=77, vocab_size=1000, projection_dim=32, hidden_act="quick_gelu"),
+    "scheduler": SD15_SCHEDULER,
+}
+
 # The inductor settings diffusers' docs (optimization/fp16.md, "torch.compile") recommend for UNets.
 DIFFUSERS_INDUCTOR = {"conv_1x1_as_mm": True, "coordinate_descent_tuning": True, "epilogue_fusion": False,
                       "coordinate_descent_check_all_directions": True}
