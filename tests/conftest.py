@@ -33,7 +33,7 @@ BUILD_CMD = ["build", ".", "--all", "-W", "-n", "--keep-going"]
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
-# `make test` runs the suite on two pytest-xdist workers. A unit of work goes to one worker whole: the
+# `make test` runs the suite on pytest-xdist workers (one per core, at most 4). A unit of work goes to one worker whole: the
 # modules that use the built site or the browser (built and started once), each notebook's smoke run, and
 # each other module (its module fixtures, a server or a torchrun, are set up once).
 SITE_FIXTURES = {"built_site", "site", "browser", "student_build", "student_site"}
@@ -62,7 +62,7 @@ def pytest_collection_modifyitems(config, items):
 try:
     import xdist.scheduler
 except ImportError:  # a plain `pytest` run, without pytest-xdist
-    xdist = None
+    pass
 else:
     def pytest_xdist_make_scheduler(config, log):
         """xdist's scheduling by scope, with this suite's units of work (work_unit)."""
@@ -220,12 +220,3 @@ def page_problems(browser, site):
                 outside.append(url.geturl())
     not_found = [(code, path) for code, path in QuietHandler.requests if code not in (200, 304)]
     return {"console errors": severe, "requests outside the site": outside, "files not found": not_found}
-
-
-def awaiting_render(items, stems, reason):
-    """pytest params of `items`, those whose stem is in `stems` marked strict xfail: their committed outputs
-    predate a fix that their next GPU render brings. Strict, so the render that lands it fails the test until
-    the entry goes."""
-    return [pytest.param(item, marks=pytest.mark.xfail(strict=True, reason=reason)) if item.stem in stems else item
-            for item in items]
-

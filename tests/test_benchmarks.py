@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from conftest import REPO, QuietHandler, awaiting_render, open_page, page_problems
+from conftest import REPO, QuietHandler, open_page, page_problems
 from utils import benchmarks
 
 FACTS = REPO.parent / "shared" / "FACTS.md"
@@ -77,12 +77,9 @@ def test_page_has_every_results_file_and_the_best_recipe_of_each_workload():
 
 CHAPTER_RESULTS = [p for p in benchmarks.results_files(REPO / "results") if re.match(r"\d\d_", p.stem)]
 FRACTIONS = ("floor_frac", "roofline_frac", "mfu_spec")  # floor time / recipe time, or the share of a roofline or peak
-# A chapter whose committed results predate a change to what it saves waits here for its render (strict xfail).
-FLOOR_ROWS_PENDING = set()
 
 
-@pytest.mark.parametrize("path", awaiting_render(CHAPTER_RESULTS, FLOOR_ROWS_PENDING, "results predate the floor rows"),
-                         ids=[p.stem for p in CHAPTER_RESULTS])
+@pytest.mark.parametrize("path", CHAPTER_RESULTS, ids=[p.stem for p in CHAPTER_RESULTS])
 def test_each_chapter_saves_its_floor_and_how_close_its_best_recipe_came(path):
     """A row with variant 'floor' for the headline workload, and a measured recipe of that workload with its fraction."""
     rows = json.loads(path.read_text())["measurements"]

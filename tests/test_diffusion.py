@@ -19,6 +19,8 @@ from utils import diffusion  # noqa: E402
 diffusers.utils.logging.set_verbosity_error()
 
 TINY = diffusion.TINY
+
+
 @pytest.fixture(scope="module")
 def pipe():
     return diffusion.build_pipeline(TINY, "cpu", torch.float32)

@@ -46,7 +46,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, awaiting_render
+from conftest import REPO
 
 NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))  # the chapters and the drafts of the next ones
 IDS = [nb.stem for nb in NOTEBOOKS]
@@ -298,12 +298,7 @@ def test_the_machine_path_checker_sees_printed_paths_but_not_logs():
     assert [text[:10] for _, text in machine_paths(path)] == ["PosixPath(", "/work/main"]
 
 
-# A notebook whose committed outputs predate a fix of what it prints waits here for its render (strict xfail).
-STALE_PATH_OUTPUTS = set()
-
-
-@pytest.mark.parametrize("notebook", awaiting_render(NOTEBOOKS, STALE_PATH_OUTPUTS, "committed outputs predate the fix"),
-                         ids=IDS)
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=IDS)
 def test_outputs_show_no_machine_paths(notebook):
     """A page prints where its results went relative to the book, never a path of the machine it ran on."""
     found = machine_paths(notebook)
