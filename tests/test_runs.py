@@ -72,6 +72,20 @@ def test_a_stored_part_is_reused_without_measuring_again(tmp_path, resume):
     assert [(p["part"], p["how"], p["commit"]) for p in second.log] == [("a", "reused", "abc1234")]
 
 
+def test_each_part_is_noted_in_the_runners_parts_log(tmp_path, resume, monkeypatch):
+    """The kernel tells run_book how each part was made, so its record can add the reused parts' seconds."""
+    log = tmp_path / "parts.jsonl"
+    monkeypatch.setenv(utils.runs.PARTS_LOG_ENV, str(log))
+    measure, calls = counted([1])
+    new_run(tmp_path).part("a", measure)
+    new_run(tmp_path).part("a", measure)
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [(line["part"], line["how"]) for line in lines] == [("a", "measured"), ("a", "reused")]
+    assert lines[1]["seconds"] == lines[0]["seconds"] == stored(tmp_path)["a"]["seconds"]
+    assert utils.run_book.reused_seconds(log) == lines[1]["seconds"]
+    assert utils.run_book.reused_seconds(tmp_path / "no such log") == 0.0
+
+
 def test_without_resume_nothing_is_stored_or_reused(tmp_path, monkeypatch):
     monkeypatch.delenv("BOOK_RESUME", raising=False)
     monkeypatch.delenv("BOOK_DEADLINE", raising=False)

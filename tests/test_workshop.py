@@ -11,8 +11,10 @@ to sections and exercises against the notebooks. The slow tests read the page in
 import datetime
 import io
 import json
+import os
 import re
 import sys
+import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -26,6 +28,7 @@ from conftest import REPO, open_page, page_problems
 from utils import benchmarks, workshop
 from utils.env import SIMULATE_ENV
 from utils.run_book import ChapterFailed, ChapterPending
+from utils.runs import PARTS_LOG_ENV
 
 PAGE = REPO / "book" / "workshop.md"
 PAGE_DOC = "book/workshop"
@@ -57,6 +60,8 @@ def runner(tmp_path, monkeypatch):
         target.parent.mkdir(parents=True, exist_ok=True)
         outputs = [{"output_type": "stream", "name": "stdout", "text": plan.get("prints", "")}]
         target.write_text(json.dumps({"cells": [{"cell_type": "code", "source": "", "outputs": outputs}]}))
+        with open(os.environ[PARTS_LOG_ENV], "a") as log:  # what the kernel's utils.Run notes of each part
+            log.writelines(json.dumps(line) + "\n" for line in plan.get("parts", []))
         if plan.get("fails"):
             failed = target.with_name(target.stem + ".failed.ipynb")
             target.replace(failed)
@@ -143,6 +148,20 @@ def test_a_chapter_resumed_over_two_commands_records_their_total(runner):
     [done] = recorded(runner)
     assert (done["outcome"], done["commands"]) == ("done", 2)
     assert done["seconds"] >= pending["seconds"]
+    assert "uninterrupted_seconds" not in pending, "an unfinished run has no time for the whole chapter"
+
+
+def test_a_finished_run_adds_the_parts_it_reused_to_its_uninterrupted_time(runner):
+    """One run top to bottom: this command's wall time plus the measuring time of the parts reused from earlier ones."""
+    chapter = str(runner.notebooks / "01_mechanism.ipynb")
+    runner.script["01_mechanism"] = {"prints": "preset workshop (chosen by hand)\n", "parts": [
+        {"part": "modes", "how": "reused", "seconds": 300.0}, {"part": "regimes", "how": "reused", "seconds": 45.5},
+        {"part": "backends", "how": "measured", "seconds": 1000.0}]}
+    assert run(runner, "--simulate", "t4", "--preset", "workshop", "--resume", chapter) == 0
+    [done] = recorded(runner)
+    assert 345.5 <= done["uninterrupted_seconds"] - done["seconds"] < 345.6, "reused parts added, measured ones not"
+    assert PARTS_LOG_ENV not in os.environ and not list(Path(tempfile.gettempdir()).glob("01_mechanism-parts-*")), \
+        "the parts log is the run's own: gone after it"
 
 
 # --- reading and drawing: utils/workshop.py ------------------------------------------------------
@@ -181,12 +200,12 @@ def test_the_table_shows_every_recorded_run(tmp_path):
                        "| 2.11.0+cu130 | 2026-12-05 |")
     assert rows[1].startswith("| chapter 2 | workshop | smoke | 1.6 | done |"), "a chapter not in the toc is not linked"
     assert "| failed: `OutOfMemoryError: CUDA out of memory. Tried to allocate 1.95 GiB` |" in rows[2]
-    assert "| 11.7 | done over 2 commands |" in rows[3]
+    assert "| 8.8 | done over 2 commands (11.7 min in all) |" in rows[3], "the time of one uninterrupted run first"
     assert rows[4].startswith("| [chapter 4](../notebooks/04_gnn.ipynb) | colab | workshop | 7.0 | unfinished: `part ")
 
 
 @pytest.mark.parametrize("chapter, text", [("01_mechanism", "6 min"), ("02_training", "2 min (smoke sizes)"),
-                                           ("03_inference", "failed"), ("04_gnn", "12 min"),
+                                           ("03_inference", "failed"), ("04_gnn", "9 min"),
                                            ("05_diffusion", "not measured yet")])
 def test_an_agenda_shows_each_chapters_workshop_run(chapter, text):
     runs = workshop.read_runs(FIXTURE)

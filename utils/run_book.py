@@ -33,7 +33,7 @@ import torch
 
 from .benchmarks import RUNS_FILE
 from .env import REPO_ROOT, SIMULATE_ENV, SMALL_GPUS, git_commit, gpu_name, gpu_slug
-from .runs import ADOPT_ENV, MEASURING_CODE, REKEY_ENV
+from .runs import ADOPT_ENV, MEASURING_CODE, PARTS_LOG_ENV, REKEY_ENV
 
 NOTEBOOKS = REPO_ROOT / "notebooks"
 DEFAULT_OUT = REPO_ROOT / "_build" / "executed"
@@ -189,13 +189,27 @@ def runs_path(gpu=None, root=None):
     return Path(root or REPO_ROOT / "results") / gpu_slug(gpu) / RUNS_FILE
 
 
-def run_entry(chapter, asked, outcome, seconds, executed=None, reason=None):
-    """One chapter's run as the workshop guide reads it: presets asked and in force, outcome, seconds, provenance (chapter 1)."""
-    return {"chapter": chapter, "asked": asked, "preset": preset_in_force(executed) if executed else None,
-            "outcome": outcome, "reason": reason.strip().splitlines()[0][:200] if reason else None,
-            "seconds": round(seconds, 1), "commands": 1, "date": datetime.date.today().isoformat(),
+def reused_seconds(parts_log):
+    """The measuring seconds of the parts a run reused from earlier commands, read from its parts log (chapter 1)."""
+    path = Path(parts_log)
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    return sum(line.get("seconds") or 0.0 for line in lines if line.get("how") == "reused")
+
+
+def run_entry(chapter, asked, outcome, seconds, executed=None, reason=None, reused_s=0.0):
+    """One chapter's run as the workshop guide reads it: presets asked and in force, outcome, seconds, provenance (chapter 1).
+
+    A finished run also gets `uninterrupted_seconds`: its own wall time plus the measuring time of the
+    parts it reused from earlier commands, which is what one run top to bottom takes.
+    """
+    entry = {"chapter": chapter, "asked": asked, "preset": preset_in_force(executed) if executed else None,
+             "outcome": outcome, "reason": reason.strip().splitlines()[0][:200] if reason else None,
+             "seconds": round(seconds, 1), "commands": 1, "date": datetime.date.today().isoformat(),
             "commit": git_commit(), "torch": torch.__version__, "gpu": gpu_name(),
-            "real_gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"}
+             "real_gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"}
+    if outcome == "done":
+        entry["uninterrupted_seconds"] = round(seconds + reused_s, 1)
+    return entry
 
 
 def record_run(entry, path, resumed=False):
@@ -266,6 +280,8 @@ def main(argv=None):
             status = EXIT_PENDING
             continue
         t0 = time.time()
+        parts_log = Path(tempfile.mkstemp(prefix=f"{nb.stem}-parts-", suffix=".jsonl")[1])
+        os.environ[PARTS_LOG_ENV] = str(parts_log)  # the kernel inherits it and notes each part there
         try:
             target, resolved = run_chapter(nb, args.preset, args.out, resume=args.resume, seconds=left)
             outcome, reason, executed = "done", None, target
@@ -277,8 +293,11 @@ def main(argv=None):
                   "the committed notebook is unchanged", flush=True)
             status, outcome, reason, executed = 1, "failed", failed.reason, failed.executed
         if os.environ.get(SIMULATE_ENV):  # how long each chapter takes on a small GPU, for the workshop guide
-            entry = run_entry(nb.stem, args.preset, outcome, time.time() - t0, executed, reason)
+            entry = run_entry(nb.stem, args.preset, outcome, time.time() - t0, executed, reason,
+                              reused_s=reused_seconds(parts_log))
             record_run(entry, runs_path(entry["gpu"]), resumed=args.resume)
+        os.environ.pop(PARTS_LOG_ENV, None)
+        parts_log.unlink(missing_ok=True)
         if outcome != "done":
             continue
         where = "in place" if target.parent == nb.resolve().parent else f"to {target}"

@@ -33,6 +33,7 @@ RESUME_ENV = "BOOK_RESUME"  # "1": reuse stored parts and store new ones
 DEADLINE_ENV = "BOOK_DEADLINE"  # epoch seconds after which no part may still be running
 REKEY_ENV = "BOOK_REKEY_FROM"  # a folder holding the measuring code as it was when the stored parts were measured
 ADOPT_ENV = "BOOK_ADOPT"  # JSON list of parts whose stored results stand under the current key (run_book --adopt)
+PARTS_LOG_ENV = "BOOK_PARTS_LOG"  # a file the kernel appends each part's line to, for run_book to read after the run
 MEASURING_CODE = ("compare.py", "timing.py", "compiler.py")  # a change here re-measures every part
 
 
@@ -276,7 +277,7 @@ class Run:
         elif name in self.adopt:
             entry = self._adopted(name, entry, key)
         if entry and entry.get("key") == key and "result" in entry:
-            self.log.append({"part": name, "how": "reused", **{k: entry.get(k) for k in ("seconds", "commit", "date")}})
+            self._log({"part": name, "how": "reused", **{k: entry.get(k) for k in ("seconds", "commit", "date")}})
             return entry["result"]
         self._check_time(name, entry, key)
         if self.resume:
@@ -291,8 +292,15 @@ class Run:
         if self.resume:
             self._store(name, {"key": key, "seconds": seconds, "commit": commit, "date": date,
                                "torch": torch.__version__, "result": result})
-        self.log.append({"part": name, "how": "measured", "seconds": seconds, "commit": commit, "date": date})
+        self._log({"part": name, "how": "measured", "seconds": seconds, "commit": commit, "date": date})
         return result
+
+    def _log(self, line):
+        """Note how a part was made, here and, for the runner, in $BOOK_PARTS_LOG (one JSON line each)."""
+        self.log.append(line)
+        if os.environ.get(PARTS_LOG_ENV):
+            with open(os.environ[PARTS_LOG_ENV], "a") as log:
+                log.write(json.dumps(line) + "\n")
 
     def _rekeyed(self, name, entry, key, measure):
         """The stored entry under the new key when only the measuring code changed since it was measured, else an error.

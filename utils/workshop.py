@@ -21,7 +21,10 @@ NO_RUNS = ("The chapters' times in the workshop preset have not been measured ye
            "in `results/`.")
 LEGEND = ("The **preset asked** is what the runner was told to run; **sizes it ran** is the preset the chapter printed "
           "that it used, since a chapter without the sizes asked for runs the next smaller ones it has. **minutes** is "
-          "the wall time of the whole run; a chapter that needed more than one command to finish shows their total.")
+          "the time one run of the whole chapter takes, top to bottom. A chapter that the runner finished over several "
+          "commands shows its last command's wall time plus the measuring time of the parts it reused from the "
+          "earlier ones; the outcome gives the commands' total, which also counts kernel starts and any part cut off "
+          "at a command's end and measured again.")
 
 
 class RunsError(Exception):
@@ -60,13 +63,18 @@ def workshop_run(runs, chapter):
     return max(found, key=lambda r: r["date"]) if found else None
 
 
+def uninterrupted_seconds(run):
+    """How long one run of the chapter takes top to bottom: recorded by the runner for a finished run, else its wall time (workshop guide)."""
+    return run.get("uninterrupted_seconds") or run["seconds"]
+
+
 def minutes_text(run):
     """A chapter's run time for an agenda: '7 min', '2 min (smoke sizes)', 'failed', 'unfinished', 'not measured yet' (workshop guide)."""
     if run is None:
         return NOT_MEASURED
     if run["outcome"] != "done":
         return {"failed": "failed", "pending": "unfinished"}[run["outcome"]]
-    text = f"{math.ceil(run['seconds'] / 60)} min"
+    text = f"{math.ceil(uninterrupted_seconds(run) / 60)} min"
     return text if run["preset"] in (None, run["asked"]) else f"{text} ({run['preset']} sizes)"
 
 
@@ -74,7 +82,7 @@ def outcome_text(run):
     """How a recorded run ended, with its reason or the number of commands it took (workshop guide)."""
     if run["outcome"] == "done":
         commands = run.get("commands") or 1
-        return "done" if commands == 1 else f"done over {commands} commands"
+        return "done" if commands == 1 else f"done over {commands} commands ({run['seconds'] / 60:.1f} min in all)"
     word = {"failed": "failed", "pending": "unfinished"}[run["outcome"]]
     return f"{word}: {_code(run['reason'])}" if run.get("reason") else word  # code: the error's text, literally
 
@@ -87,7 +95,7 @@ def runs_markdown(repo):
         return NO_RUNS
     chapters = toc_chapters(repo)
     lines = [[chapter_link({"stem": r["chapter"], "chapter": chapter_label(r["chapter"])}, chapters, short=False),
-              _cell(r["asked"]), _cell(r["preset"] or "-"), f"{r['seconds'] / 60:.1f}", outcome_text(r),
+              _cell(r["asked"]), _cell(r["preset"] or "-"), f"{uninterrupted_seconds(r) / 60:.1f}", outcome_text(r),
               _cell(r["gpu"]), _cell(r["torch"]), _cell(r["date"])] for r in runs]
     headers = ["chapter", "preset asked", "sizes it ran", "minutes", "outcome", "GPU", "torch", "date"]
     return f"{table(headers, lines)}\n\n{LEGEND}"
