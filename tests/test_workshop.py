@@ -243,7 +243,12 @@ def test_the_benchmarks_page_does_not_read_runs_files(tmp_path):
     assert [p.name for p in benchmarks.results_files(repo / "results")] == ["01_mechanism.json"]
 
 
-def sphinx_page(tmp_path, runs_text):
+ROLE_ROWS = ("| one | {workshop-minutes}`01_mechanism` |\n"
+             "| two | {workshop-minutes}`02_training` |\n"
+             "| three | {workshop-minutes}`04_gnn colab` |\n")
+
+
+def sphinx_page(tmp_path, runs_text, rows=ROLE_ROWS):
     """Build a one-page Sphinx project that uses the directive and the role; its HTML and warnings."""
     from sphinx.application import Sphinx
     from sphinx.util.docutils import docutils_namespace, patch_docutils
@@ -252,10 +257,7 @@ def sphinx_page(tmp_path, runs_text):
     (repo / "conf.py").write_text(f"import sys\nsys.path.insert(0, {str(REPO / 'book' / '_ext')!r})\n"
                                   "extensions = ['myst_parser', 'workshop_runs']\n"
                                   "exclude_patterns = ['_build', 'notebooks', 'results']\n")
-    (repo / "index.md").write_text("# Runs\n\n| block | run |\n|---|---|\n"
-                                   "| one | {workshop-minutes}`01_mechanism` |\n"
-                                   "| two | {workshop-minutes}`02_training` |\n\n"
-                                   "```{workshop-runs}\n```\n")
+    (repo / "index.md").write_text(f"# Runs\n\n| block | run |\n|---|---|\n{rows}\n```{{workshop-runs}}\n```\n")
     warnings = io.StringIO()
     with patch_docutils(str(repo)), docutils_namespace():  # as sphinx-build does: roles and directives undone after
         app = Sphinx(str(repo), str(repo), str(repo / "_build"), str(repo / "_build" / ".doctrees"), "html",
@@ -269,7 +271,14 @@ def test_the_directive_and_role_draw_the_recorded_runs_in_sphinx(tmp_path):
     assert not warnings, warnings
     assert '<span class="workshop-minutes">6 min</span>' in page
     assert '<span class="workshop-minutes">2 min (smoke sizes)</span>' in page
+    assert '<span class="workshop-minutes">unfinished</span>' in page, "chapter 4's colab run, by the preset named"
     assert page.count("<tr") >= 6, "the table of runs, with its header and five runs"
+
+
+def test_the_role_warns_of_a_preset_no_run_as_a_small_gpu_records(tmp_path):
+    page, warnings = sphinx_page(tmp_path, FIXTURE.read_text(), rows="| one | {workshop-minutes}`01_mechanism full` |\n")
+    assert "workshop-minutes: preset 'full' is not one the runner records as a small GPU" in warnings
+    assert '<span>not measured yet</span>' in page, "what the role shows in place of a time"
     assert SIMULATED in page and "done over 2 commands" in page
 
 
@@ -277,7 +286,15 @@ def test_with_no_runs_the_sphinx_page_says_so(tmp_path):
     page, warnings = sphinx_page(tmp_path, None)
     assert not warnings, warnings
     assert "have not been measured yet" in page
-    assert page.count('<span class="workshop-minutes">not measured yet</span>') == 2
+    assert page.count('<span class="workshop-minutes">not measured yet</span>') == 3
+
+
+def test_each_chapter_states_its_times_on_a_small_gpu():
+    """Each chapter's "Time:" line gives its simulated T4 time in the workshop and the colab preset, from the runs."""
+    for path in sorted((REPO / "notebooks").glob("[0-9]*.ipynb")):
+        time_line = re.search(r"\*\*Time:\*\*(.*?)(\n\n|$)", notebook_markdown(path.stem), re.S).group(1)
+        for role in (f"{{workshop-minutes}}`{path.stem}`", f"{{workshop-minutes}}`{path.stem} colab`"):
+            assert role in time_line, f"{path.stem}: no {role} in its Time line"
 
 
 # --- the page: its prose, links and agendas --------------------------------------------------------
@@ -356,6 +373,10 @@ def test_the_workshop_page_builds_with_its_agendas_and_times(built_site):
         assert "have not been measured yet" in page
     for label in re.findall(r"<(ex-[\w-]+)>`", PAGE.read_text()):
         assert re.search(rf'href="[^"]*#{label}"', page), f"no link to the exercise {label}"
+    chapter = (built_site / "notebooks" / "04_gnn.html").read_text()
+    times = re.findall(r'<span class="workshop-minutes">([^<]*)</span>', chapter)
+    assert times == [workshop.minutes_text(workshop.workshop_run(runs, "04_gnn", preset))
+                     for preset in ("workshop", "colab")], "a chapter's Time line shows its recorded runs"
 
 
 @pytest.mark.slow

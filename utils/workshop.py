@@ -16,6 +16,7 @@ from .benchmarks import (RUNS_FILE, SKIPPED_FOLDERS, _cell, _code, chapter_label
 FIELDS = ("chapter", "asked", "preset", "outcome", "seconds", "date", "commit", "torch", "gpu")
 OUTCOMES = ("done", "failed", "pending")
 AGENDA_PRESET = "workshop"  # the preset a class runs its chapters in
+SIMULATED_PRESETS = ("workshop", "colab")  # the presets whose times the chapters show, from runs as a T4
 NOT_MEASURED = "not measured yet"
 NO_RUNS = ("The chapters' times in the workshop preset have not been measured yet: no simulated run is recorded "
            "in `results/`.")
@@ -57,9 +58,9 @@ def gather_runs(root):
     return [{**run, "file": path.as_posix()} for path in runs_files(root) for run in read_runs(path)]
 
 
-def workshop_run(runs, chapter):
-    """The chapter's latest recorded run asked for the workshop preset, or None (workshop guide)."""
-    found = [r for r in runs if r["chapter"] == chapter and r["asked"] == AGENDA_PRESET]
+def workshop_run(runs, chapter, preset=AGENDA_PRESET):
+    """The chapter's latest recorded run asked for `preset` (the workshop preset unless named), or None (workshop guide)."""
+    found = [r for r in runs if r["chapter"] == chapter and r["asked"] == preset]
     return max(found, key=lambda r: r["date"]) if found else None
 
 

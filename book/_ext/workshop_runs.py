@@ -14,7 +14,8 @@ and, in an agenda,
     {workshop-minutes}`03_inference`
 
 is the chapter's time in the workshop preset ("7 min", "2 min (smoke sizes)", "failed",
-"not measured yet"). The runs files are checked as the build starts, like the benchmarks page's
+"not measured yet"); `{workshop-minutes}`03_inference colab`` is its time in the colab preset (the
+chapters' "Time:" lines show both). The runs files are checked as the build starts, like the benchmarks page's
 results files: one that is empty, not JSON or not a runs file stops the build with an error that
 names it. A role naming no chapter of notebooks/ fails the build too (a warning, under -W). The work
 is done by utils/workshop.py, loaded without utils/__init__.py (which imports torch).
@@ -64,16 +65,21 @@ class WorkshopRunsDirective(SphinxDirective):
 
 
 class WorkshopMinutesRole(SphinxRole):
-    """{workshop-minutes}`NN_chapter`: the chapter's recorded time in the workshop preset, as agenda text."""
+    """{workshop-minutes}`NN_chapter` or `NN_chapter PRESET`: the chapter's recorded time in that preset (workshop unless named)."""
 
     def run(self):
         workshop = load_workshop()
-        chapter = self.text.strip()
+        chapter, *preset = self.text.split()
+        preset = preset[0] if preset else workshop.AGENDA_PRESET
+        if preset not in workshop.SIMULATED_PRESETS:
+            logger.warning(f"workshop-minutes: preset {preset!r} is not one the runner records as a small GPU "
+                           f"({', '.join(workshop.SIMULATED_PRESETS)})", location=self.get_location())
+            return [nodes.inline(text=workshop.NOT_MEASURED)], []
         if not (Path(self.env.srcdir) / "notebooks" / f"{chapter}.ipynb").exists():
             logger.warning(f"workshop-minutes: no chapter notebooks/{chapter}.ipynb", location=self.get_location())
             return [nodes.inline(text=workshop.NOT_MEASURED)], []
         try:
-            run = workshop.workshop_run(workshop.gather_runs(Path(self.env.srcdir) / "results"), chapter)
+            run = workshop.workshop_run(workshop.gather_runs(Path(self.env.srcdir) / "results"), chapter, preset)
         except workshop.RunsError as error:
             logger.warning(f"workshop-minutes: {error}", location=self.get_location())
             run = None
