@@ -151,7 +151,7 @@ def test_a_chapter_resumed_over_two_commands_records_their_total(runner):
     assert "uninterrupted_seconds" not in pending, "an unfinished run has no time for the whole chapter"
 
 
-def test_a_finished_run_adds_the_parts_it_reused_to_its_uninterrupted_time(runner):
+def test_a_finished_run_adds_the_parts_it_reused_to_its_uninterrupted_time(runner, capsys):
     """One run top to bottom: this command's wall time plus the measuring time of the parts reused from earlier ones."""
     chapter = str(runner.notebooks / "01_mechanism.ipynb")
     runner.script["01_mechanism"] = {"prints": "preset workshop (chosen by hand)\n", "parts": [
@@ -160,6 +160,8 @@ def test_a_finished_run_adds_the_parts_it_reused_to_its_uninterrupted_time(runne
     assert run(runner, "--simulate", "t4", "--preset", "workshop", "--resume", chapter) == 0
     [done] = recorded(runner)
     assert 345.5 <= done["uninterrupted_seconds"] - done["seconds"] < 345.6, "reused parts added, measured ones not"
+    printed = re.search(r"one uninterrupted run: (\d+) s", capsys.readouterr().out)
+    assert printed and abs(int(printed.group(1)) - done["uninterrupted_seconds"]) <= 1, "the runner's line says it too"
     assert PARTS_LOG_ENV not in os.environ and not list(Path(tempfile.gettempdir()).glob("01_mechanism-parts-*")), \
         "the parts log is the run's own: gone after it"
 

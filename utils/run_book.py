@@ -292,17 +292,18 @@ def main(argv=None):
             print(f"{nb.name}: FAILED after {time.time() - t0:.0f} s: {str(failed)[:2000]}; "
                   "the committed notebook is unchanged", flush=True)
             status, outcome, reason, executed = 1, "failed", failed.reason, failed.executed
-        if os.environ.get(SIMULATE_ENV):  # how long each chapter takes on a small GPU, for the workshop guide
-            entry = run_entry(nb.stem, args.preset, outcome, time.time() - t0, executed, reason,
-                              reused_s=reused_seconds(parts_log))
-            record_run(entry, runs_path(entry["gpu"]), resumed=args.resume)
+        seconds, reused_s = time.time() - t0, reused_seconds(parts_log)
         os.environ.pop(PARTS_LOG_ENV, None)
         parts_log.unlink(missing_ok=True)
+        if os.environ.get(SIMULATE_ENV):  # how long each chapter takes on a small GPU, for the workshop guide
+            entry = run_entry(nb.stem, args.preset, outcome, seconds, executed, reason, reused_s=reused_s)
+            record_run(entry, runs_path(entry["gpu"]), resumed=args.resume)
         if outcome != "done":
             continue
         where = "in place" if target.parent == nb.resolve().parent else f"to {target}"
         note = "" if where == "in place" else " (only a full run replaces the committed chapter)"
-        print(f"{nb.name}: {resolved} run done in {time.time() - t0:.0f} s, written {where}{note}", flush=True)
+        whole = f" (with the parts it reused, one uninterrupted run: {seconds + reused_s:.0f} s)" if reused_s else ""
+        print(f"{nb.name}: {resolved} run done in {seconds:.0f} s{whole}, written {where}{note}", flush=True)
     return status
 
 
