@@ -127,3 +127,61 @@ def test_tlparse_report_from_a_real_trace(tmp_path):
     subprocess.run([sys.executable, "-c", script], env=env, check=True, capture_output=True, timeout=600)
     report, why = tuning.tlparse_report(tmp_path / "trace", tmp_path / "report")
     assert report is not None and report.name == "index.html", why
+
+
+# --- the tlparse report on the site: book/_ext/run_reports.py ---------------------------------------
+
+def build_with_reports(repo):
+    """Build a one-page Sphinx project in `repo` with the run_reports extension; the output folder."""
+    from sphinx.application import Sphinx
+    from sphinx.util.docutils import docutils_namespace, patch_docutils
+
+    (repo / "conf.py").write_text(f"import sys\nsys.path.insert(0, {str(REPO / 'book' / '_ext')!r})\n"
+                                  "extensions = ['run_reports']\nexclude_patterns = ['_build', 'results']\n")
+    (repo / "index.rst").write_text("Reports\n=======\n")
+    with patch_docutils(str(repo)), docutils_namespace():
+        app = Sphinx(str(repo), str(repo), str(repo / "_build"), str(repo / "_build" / ".doctrees"), "html",
+                     status=None, warning=None, freshenv=True)
+        app.build()
+    return repo / "_build"
+
+
+def write_report(repo, gpu, name):
+    report = repo / "results" / gpu / "tlparse" / name
+    (report / "-_0_0_0").mkdir(parents=True)
+    (report / "index.html").write_text(f"<html><body>{gpu} {name}</body></html>")
+    (report / "-_0_0_0" / "inductor_output_code.html").write_text("<html>code</html>")
+
+
+def test_a_runs_tlparse_report_is_copied_into_the_site(tmp_path):
+    write_report(tmp_path, "h200", "tuning-tlparse")
+    write_report(tmp_path, "cpu", "smoke-only")  # a CPU run's report is not a result of record
+    out = build_with_reports(tmp_path)
+    assert (out / "_static" / "tuning-tlparse" / "index.html").read_text() == \
+        "<html><body>h200 tuning-tlparse</body></html>"
+    assert (out / "_static" / "tuning-tlparse" / "-_0_0_0" / "inductor_output_code.html").exists()
+    assert not (out / "_static" / "smoke-only").exists()
+
+
+def test_two_gpus_reports_of_one_name_stop_the_build(tmp_path):
+    from sphinx.errors import ExtensionError
+
+    write_report(tmp_path, "h100-80gb-hbm3", "tuning-tlparse")
+    write_report(tmp_path, "h200", "tuning-tlparse")
+    with pytest.raises(ExtensionError, match="h100-80gb-hbm3.*h200.*keep one"):
+        build_with_reports(tmp_path)
+
+
+def test_the_chapter_links_to_the_report_where_its_run_writes_it():
+    import json
+    import re
+
+    sys.path.insert(0, str(REPO / "book" / "_ext"))
+    import run_reports
+
+    nb = json.loads(NOTEBOOK.read_text())
+    code = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
+    prose = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
+    written = re.search(r'"results" / utils\.gpu_slug\(\) / "(\w+)" / "([\w-]+)"', code)
+    assert written and written.group(1) == run_reports.REPORTS
+    assert f'href="../_static/{written.group(2)}/index.html"' in prose
