@@ -205,7 +205,7 @@ def run_entry(chapter, asked, outcome, seconds, executed=None, reason=None, reus
     entry = {"chapter": chapter, "asked": asked, "preset": preset_in_force(executed) if executed else None,
              "outcome": outcome, "reason": reason.strip().splitlines()[0][:200] if reason else None,
              "seconds": round(seconds, 1), "commands": 1, "date": datetime.date.today().isoformat(),
-            "commit": git_commit(), "torch": torch.__version__, "gpu": gpu_name(),
+             "commit": git_commit(), "torch": torch.__version__, "gpu": gpu_name(),
              "real_gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"}
     if outcome == "done":
         entry["uninterrupted_seconds"] = round(seconds + reused_s, 1)

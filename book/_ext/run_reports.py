@@ -7,18 +7,22 @@ results/<gpu>/tlparse/ folder to `html_static_path` as the build starts, so Sphi
 into the site's _static/ (CPU runs, git-ignored, are left out). Two GPUs' folders holding a report of
 the same name would overwrite each other there: that stops the build with an error naming both.
 """
+import sys
 from pathlib import Path
 
 from sphinx.errors import ExtensionError
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its neighbour, as Sphinx's local_extensions loads it
+from benchmarks_page import load_utils_module  # noqa: E402
+
 REPORTS = "tlparse"  # results/<gpu>/tlparse/<report name>/index.html
-SKIPPED_FOLDERS = {"cpu"}  # as utils/benchmarks.py: smoke and CPU runs are not results of record
 
 
 def report_folders(results):
     """Each results/<gpu>/tlparse/ folder with at least one report in it, GPU folders in order."""
+    skipped = load_utils_module("benchmarks").SKIPPED_FOLDERS  # smoke and CPU runs: not results of record
     return [folder for folder in sorted(Path(results).glob(f"*/{REPORTS}"))
-            if folder.is_dir() and folder.parent.name not in SKIPPED_FOLDERS and any(folder.iterdir())]
+            if folder.is_dir() and folder.parent.name not in skipped and any(folder.iterdir())]
 
 
 def add_reports(app, config):
