@@ -193,6 +193,25 @@ def browser(tmp_path_factory):
     driver.quit()
 
 
+def build_small_sphinx(repo, extensions, warning=None):
+    """Build the Sphinx project in `repo` (its pages already written) with the book's extensions named; its _build folder.
+
+    conf.py is written here: book/_ext on the path, `extensions`, and _build, notebooks and results
+    left out of the sources. Warnings go to the `warning` stream (None: dropped).
+    """
+    from sphinx.application import Sphinx
+    from sphinx.util.docutils import docutils_namespace, patch_docutils
+
+    (repo / "conf.py").write_text(f"import sys\nsys.path.insert(0, {str(REPO / 'book' / '_ext')!r})\n"
+                                  f"extensions = {list(extensions)!r}\n"
+                                  "exclude_patterns = ['_build', 'notebooks', 'results']\n")
+    with patch_docutils(str(repo)), docutils_namespace():  # as sphinx-build does: roles and directives undone after
+        app = Sphinx(str(repo), str(repo), str(repo / "_build"), str(repo / "_build" / ".doctrees"), "html",
+                     status=None, warning=warning, freshenv=True)
+        app.build()
+    return repo / "_build"
+
+
 def open_page(browser, url):
     """Load a page, wait for it to finish, and drop log entries and requests left from earlier pages."""
     from selenium.webdriver.support.ui import WebDriverWait

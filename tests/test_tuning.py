@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch._dynamo
 
-from conftest import REPO
+from conftest import REPO, build_small_sphinx
 from utils import tuning
 
 NOTEBOOK = REPO / "notebooks" / "draft-06_tuning.ipynb"
@@ -133,17 +133,8 @@ def test_tlparse_report_from_a_real_trace(tmp_path):
 
 def build_with_reports(repo):
     """Build a one-page Sphinx project in `repo` with the run_reports extension; the output folder."""
-    from sphinx.application import Sphinx
-    from sphinx.util.docutils import docutils_namespace, patch_docutils
-
-    (repo / "conf.py").write_text(f"import sys\nsys.path.insert(0, {str(REPO / 'book' / '_ext')!r})\n"
-                                  "extensions = ['run_reports']\nexclude_patterns = ['_build', 'results']\n")
     (repo / "index.rst").write_text("Reports\n=======\n")
-    with patch_docutils(str(repo)), docutils_namespace():
-        app = Sphinx(str(repo), str(repo), str(repo / "_build"), str(repo / "_build" / ".doctrees"), "html",
-                     status=None, warning=None, freshenv=True)
-        app.build()
-    return repo / "_build"
+    return build_small_sphinx(repo, ["run_reports"])
 
 
 def write_report(repo, gpu, name):

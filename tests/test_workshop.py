@@ -24,7 +24,7 @@ import yaml
 from docutils.nodes import make_id
 
 import utils.run_book
-from conftest import REPO, open_page, page_problems
+from conftest import REPO, build_small_sphinx, open_page, page_problems
 from utils import benchmarks, workshop
 from utils.env import SIMULATE_ENV
 from utils.run_book import ChapterFailed, ChapterPending
@@ -252,20 +252,11 @@ ROLE_ROWS = ("| one | {workshop-minutes}`01_mechanism` |\n"
 
 def sphinx_page(tmp_path, runs_text, rows=ROLE_ROWS):
     """Build a one-page Sphinx project that uses the directive and the role; its HTML and warnings."""
-    from sphinx.application import Sphinx
-    from sphinx.util.docutils import docutils_namespace, patch_docutils
-
     repo = make_repo(tmp_path, runs_text, chapters=())  # no chapter pages here: the table names them unlinked
-    (repo / "conf.py").write_text(f"import sys\nsys.path.insert(0, {str(REPO / 'book' / '_ext')!r})\n"
-                                  "extensions = ['myst_parser', 'workshop_runs']\n"
-                                  "exclude_patterns = ['_build', 'notebooks', 'results']\n")
     (repo / "index.md").write_text(f"# Runs\n\n| block | run |\n|---|---|\n{rows}\n```{{workshop-runs}}\n```\n")
     warnings = io.StringIO()
-    with patch_docutils(str(repo)), docutils_namespace():  # as sphinx-build does: roles and directives undone after
-        app = Sphinx(str(repo), str(repo), str(repo / "_build"), str(repo / "_build" / ".doctrees"), "html",
-                     status=None, warning=warnings, freshenv=True)
-        app.build()
-    return (repo / "_build" / "index.html").read_text(), warnings.getvalue()
+    out = build_small_sphinx(repo, ["myst_parser", "workshop_runs"], warning=warnings)
+    return (out / "index.html").read_text(), warnings.getvalue()
 
 
 def test_the_directive_and_role_draw_the_recorded_runs_in_sphinx(tmp_path):
