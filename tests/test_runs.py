@@ -406,6 +406,24 @@ def test_a_part_cut_off_twice_with_a_command_to_itself_is_a_clear_error(tmp_path
     assert len(calls) == 3 and "result" not in stored(tmp_path)["long"]
 
 
+def test_a_part_that_fails_leaves_what_was_stored_before_and_no_cut_off(tmp_path, resume, monkeypatch):
+    def broken():
+        raise ValueError("numpy has no bfloat16")
+
+    monkeypatch.setenv("BOOK_DEADLINE", str(time.time() + 100))
+    with pytest.raises(ValueError, match="bfloat16"):
+        new_run(tmp_path).part("new part", broken)
+    assert "new part" not in stored(tmp_path)  # nothing was stored for it: no attempt marker either
+    new_run(tmp_path).part("old part", lambda: [1])
+    before = stored(tmp_path)["old part"]
+    with pytest.raises(ValueError):
+        new_run(tmp_path).part("old part", broken)  # its code changed, and the new code fails
+    assert stored(tmp_path)["old part"] == before
+    later = new_run(tmp_path)
+    later.part("short", lambda: [0])  # measured first: a cut-off part would now wait for the next command
+    assert later.part("new part", lambda: [2]) == [2]  # a failed part is not taken for one cut off
+
+
 # --- what a part may return ----------------------------------------------------------------------
 
 def test_a_result_that_is_not_json_is_a_clear_type_error(tmp_path, resume):

@@ -233,9 +233,12 @@ class Run:
         return json.loads(self.path.read_text()).get("parts", {})
 
     def _store(self, name, entry):
-        """Write one part's entry at once (a later crash keeps it), atomically."""
+        """Write one part's entry (None: remove it) at once (a later crash keeps it), atomically."""
         parts = self.stored()
-        parts[name] = entry
+        if entry is None:
+            parts.pop(name, None)
+        else:
+            parts[name] = entry
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(json.dumps({"chapter": self.chapter, "gpu": gpu_name(), "parts": parts}, indent=1) + "\n")
@@ -286,7 +289,12 @@ class Run:
                                "cut_off_alone": self._cut_off_alone(name, entry, key),
                                "seconds": (entry or {}).get("seconds", 0.0)})
         started = time.perf_counter()
-        result = as_json(measure(), name)
+        try:
+            result = as_json(measure(), name)
+        except Exception:  # a failure, not a cut-off (the runner's stop is not an Exception): the attempt is forgotten
+            if self.resume:
+                self._store(name, entry)
+            raise
         seconds = time.perf_counter() - started
         commit, date = git_commit(), datetime.date.today().isoformat()
         if self.resume:
