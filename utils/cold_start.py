@@ -11,6 +11,7 @@ import time
 _LOADED = time.time()  # when this module started loading (run by hand, without --t0: a late start)
 
 import argparse  # noqa: E402
+import faulthandler  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import subprocess  # noqa: E402
@@ -191,6 +192,7 @@ def parse(argv=None):
 
 def main(argv=None):
     """Run one cold start and print its row as one JSON line; exit 3 (with the reason) when the path is unsupported."""
+    faulthandler.enable()  # a crash in compiled code prints the Python stack it happened under
     args = parse(argv)
     try:
         row = run(args)

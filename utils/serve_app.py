@@ -173,7 +173,11 @@ def create_app(mode, preset, workdir, buckets, device=None):
 
 def main(argv=None):
     """Serve on 127.0.0.1 with uvicorn (chapter 7)."""
+    import faulthandler
+
     import uvicorn
+
+    faulthandler.enable()  # a crash in compiled code prints the Python stack it happened under, in the server's log
 
     p = argparse.ArgumentParser(prog="python -m utils.serve_app", description=__doc__.splitlines()[0])
     p.add_argument("--mode", choices=MODES, required=True)
