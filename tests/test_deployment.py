@@ -280,11 +280,14 @@ def test_draft_has_the_chapter_shape(repository_url):
 
 
 @pytest.mark.slow
-def test_draft_runs_in_smoke_preset_on_cpu(tmp_path, monkeypatch):
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])  # bfloat16: the GPU's dtype, tried on a CPU
+def test_draft_runs_in_smoke_preset_on_cpu(tmp_path, monkeypatch, dtype):
     from test_notebooks import run_draft_smoke
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    monkeypatch.setenv("BOOK_DTYPE", dtype)
     nb, text = run_draft_smoke(NOTEBOOK, tmp_path)
+    assert f"in torch.{dtype}" in text
     assert "bad requests: 4 refused with a 4xx" in text and "recompiles under load: 0" in text
     assert "graphs compiled: dynamic=None 2, dynamic=True 1" in text  # section 5: a recompile, then symbolic sizes
     assert "the model: 2 graphs, 1 graph break:" in text and "steady calls: eager" in text

@@ -104,11 +104,14 @@ def test_draft_has_the_chapter_shape():
 
 
 @pytest.mark.slow
-def test_draft_runs_in_smoke_preset_on_cpu(tmp_path, monkeypatch):
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])  # bfloat16: the GPU's dtype, tried on a CPU
+def test_draft_runs_in_smoke_preset_on_cpu(tmp_path, monkeypatch, dtype):
     from test_notebooks import run_draft_smoke
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # inherited by the papermill kernel
+    monkeypatch.setenv("BOOK_DTYPE", dtype)
     nb, text = run_draft_smoke(NOTEBOOK, tmp_path)
+    assert f"in torch.{dtype}" in text
     assert "preset smoke" in text
     assert "graph breaks:" in text and "recompile_limit:" in text
     assert "coordinate_descent_tuning: skipped: tunes Triton kernels" in text, "the GPU-only knobs should say why"

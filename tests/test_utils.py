@@ -136,8 +136,18 @@ def test_unknown_preset_is_a_clear_error():
         utils.resolve_preset("huge", {"smoke": {}, "full": {}}, device="cpu")
 
 
-def test_dtype_on_cpu_is_fp32():
+def test_dtype_on_cpu_is_fp32(monkeypatch):
+    monkeypatch.delenv("BOOK_DTYPE", raising=False)
     assert utils.pick_dtype("cpu") is torch.float32
+
+
+def test_book_dtype_gives_a_cpu_a_gpus_dtype_and_refuses_a_bad_name(monkeypatch):
+    monkeypatch.setenv("BOOK_DTYPE", "bfloat16")
+    assert utils.pick_dtype("cpu") is torch.bfloat16
+    for bad in ("bf16", "int8", "Tensor"):
+        monkeypatch.setenv("BOOK_DTYPE", bad)
+        with pytest.raises(ValueError, match=f"BOOK_DTYPE='{bad}' is not a floating-point torch dtype"):
+            utils.pick_dtype("cpu")
 
 
 def test_provenance_names_versions_and_preset(monkeypatch):

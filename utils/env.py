@@ -11,6 +11,7 @@ import torch
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SIMULATE_ENV = "BOOK_SIMULATE_GPU"  # e.g. "t4": a big GPU runs a chapter as if it were that small one
+DTYPE_ENV = "BOOK_DTYPE"  # e.g. "bfloat16": a CPU runs a chapter in a GPU's dtype, to try its code paths
 # What a small GPU offers that the chapters' choices depend on (memory a process can use, SMs, capability).
 SMALL_GPUS = {"t4": {"name": "Tesla T4", "memory_gb": 15, "sms": 40, "capability": (7, 5)}}
 
@@ -27,7 +28,13 @@ def gpu_capability():
 
 
 def pick_dtype(device):
-    """bf16 on GPUs of compute capability >= 8, fp16 on older GPUs (T4), fp32 on CPU (chapter 1)."""
+    """bf16 on GPUs of compute capability >= 8, fp16 on older GPUs (T4), fp32 on CPU; $BOOK_DTYPE overrides (chapter 1)."""
+    forced = os.environ.get(DTYPE_ENV, "").strip()
+    if forced:
+        dtype = getattr(torch, forced, None)
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise ValueError(f"{DTYPE_ENV}={forced!r} is not a floating-point torch dtype: use float32, bfloat16 or float16")
+        return dtype
     if device == "cpu":
         return torch.float32
     major, _ = gpu_capability()
