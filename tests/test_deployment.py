@@ -291,3 +291,18 @@ def test_draft_runs_in_smoke_preset_on_cpu(tmp_path, monkeypatch, dtype):
     assert "bad requests: 4 refused with a 4xx" in text and "recompiles under load: 0" in text
     assert "graphs compiled: dynamic=None 2, dynamic=True 1" in text  # section 5: a recompile, then symbolic sizes
     assert "the model: 2 graphs, 1 graph break:" in text and "steady calls: eager" in text
+
+
+def test_a_crashed_servers_log_gives_the_error_and_where_it_happened(tmp_path):
+    log = tmp_path / "aoti.log"
+    log.write_text("/usr/lib/python3.12/copyreg.py:99: FutureWarning: ...\n  return cls.__new__(cls, *args)\n"
+                   "Fatal Python error: Segmentation fault\n\nThread 0x01 (most recent call first):\n"
+                   '  File "/x/torch/_inductor/package/package.py", line 40 in load_package\n'
+                   '  File "/x/utils/serve_app.py", line 90 in _ready\n  File "<frozen runpy>", line 88 in _run_code\n')
+    assert serving.tail(log) == ('Fatal Python error: Segmentation fault | File "/x/torch/_inductor/package/package.py", '
+                                 'line 40 in load_package | File "/x/utils/serve_app.py", line 90 in _ready | '
+                                 'File "<frozen runpy>", line 88 in _run_code')
+    log.write_text("one\ntwo\nthree\nfour\n")
+    assert serving.tail(log) == "two | three | four"
+    assert serving.tail(tmp_path / "missing.log") == "no output"
+

@@ -64,8 +64,12 @@ def start(mode, workdir, preset="smoke", buckets=(1, 2, 4, 8), cache_dir=None, t
 
 
 def tail(log, lines=3):
-    """The last lines of a server's log (chapter 7)."""
+    """The last lines of a server's log, or where it crashed when faulthandler reported a fatal error (chapter 7)."""
     text = Path(log).read_text(errors="replace").strip().splitlines() if Path(log).exists() else []
+    fatal = next((i for i, line in enumerate(text) if line.startswith("Fatal Python error")), None)
+    if fatal is not None:  # the error, then the innermost frames: faulthandler prints the most recent call first
+        frames = [line.strip() for line in text[fatal + 1:] if line.strip().startswith("File ")]
+        return " | ".join([text[fatal], *frames[:4]])
     return " | ".join(text[-lines:]) or "no output"
 
 
