@@ -1,4 +1,5 @@
 """Chapter 6's helpers (utils/tuning.py) and its draft notebook (notebooks/draft-06_tuning.ipynb)."""
+import os
 import sys
 
 import pytest
@@ -6,6 +7,7 @@ import torch
 import torch._dynamo
 
 from conftest import REPO, build_small_sphinx
+import utils.compiler
 from utils import tuning
 
 NOTEBOOK = REPO / "notebooks" / "draft-06_tuning.ipynb"
@@ -65,6 +67,23 @@ def test_knob_rows_measures_a_setting_against_eager():
                             workload="w", device="cpu", min_run_time=0.01, rounds=3)
     assert [r["variant"] for r in rows] == ["eager", "epilogue_fusion off"]
     assert rows[1]["status"] == "ok" and rows[1]["speedup"] > 0 and rows[1]["knob"] == "epilogue_fusion off"
+
+
+def test_a_knob_in_a_cold_cache_compiles_in_a_folder_of_its_own(tmp_path):
+    def knob(**kw):
+        rows = tuning.knob_rows(lambda: torch.nn.Linear(8, 8), (torch.randn(4, 8),), {"name": "default"},
+                                workload="w", device="cpu", min_run_time=0.01, rounds=3, **kw)
+        assert rows[1]["status"] == "ok" and rows[1]["compile_s"] > 0
+
+    def files():
+        return [f for f in tmp_path.rglob("*") if f.is_file()]
+
+    with utils.compiler.compile_cache(tmp_path):
+        knob(cold_cache=True)
+        assert files() == []  # its kernels went to an empty folder of its own, not to the shared cache
+        assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path)  # and the shared cache is back
+        knob()
+        assert files()  # without cold_cache, the knob compiles into (and from) the shared cache
 
 
 def test_relative_to_divides_by_the_default_of_the_same_workload():

@@ -5,6 +5,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -75,13 +76,16 @@ def config_has(settings, module=None):
     return missing
 
 
-def knob_rows(make_model, inputs, knob, *, workload, device, run=None, **compare_kwargs):
+def knob_rows(make_model, inputs, knob, *, workload, device, run=None, cold_cache=False, **compare_kwargs):
     """One knob alone (mode and Inductor settings) against eager in alternating rounds, via utils.compare (chapter 6).
 
     `knob` is {"name", "mode" (optional), "inductor": {setting: value}, "gpu_only": reason, "training": bool}.
     A setting this torch lacks, or a GPU-only knob on a CPU, gives a skipped row with the reason.
+    With `cold_cache`, the knob compiles in an empty cache folder, as a first compile would: its
+    `compile_s` then owes nothing to the kernels and autotuning results of knobs measured before it.
     """
     from .compare import compare, forward
+    from .compiler import compile_cache
 
     settings = knob.get("inductor", {})
     fields = {"workload": workload, "variant": knob["name"], "knob": knob["name"]}
@@ -91,7 +95,11 @@ def knob_rows(make_model, inputs, knob, *, workload, device, run=None, **compare
     if device == "cpu" and knob.get("gpu_only"):
         return [{**fields, "status": "skipped", "reason": knob["gpu_only"]}]
     config = {"mode": knob.get("mode", "default")}
-    with captured_logs(), torch._inductor.config.patch(settings):
+    with contextlib.ExitStack() as stack:
+        if cold_cache:
+            stack.enter_context(compile_cache(stack.enter_context(tempfile.TemporaryDirectory())))
+        stack.enter_context(captured_logs())
+        stack.enter_context(torch._inductor.config.patch(settings))
         rows = compare(make_model, inputs, [config], workload=workload, device=device, run=run or forward,
                        **compare_kwargs)
     return [{**r, "variant": knob["name"] if r["variant"] != "eager" else "eager", "knob": knob["name"]} for r in rows]
