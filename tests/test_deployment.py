@@ -293,16 +293,32 @@ def test_draft_runs_in_smoke_preset_on_cpu(tmp_path, monkeypatch, dtype):
     assert "the model: 2 graphs, 1 graph break:" in text and "steady calls: eager" in text
 
 
+CRASH = ("/usr/lib/python3.12/copyreg.py:99: FutureWarning: ...\n  return cls.__new__(cls, *args)\n"
+         "Fatal Python error: Segmentation fault\n\nThread 0x7f1 (most recent call first):\n"
+         '  File "/opt/v/lib/python3.12/site-packages/torch/_inductor/compile_worker/subproc_pool.py", line 76 in _recv_msg\n'
+         '  File "/usr/lib/python3.12/threading.py", line 1010 in run\n\n'
+         "Current thread 0x7f2 (most recent call first):\n"
+         '  File "/opt/v/lib/python3.12/site-packages/torch/export/pt2_archive/_package.py", line 1045 in _load_aoti\n'
+         '  File "/opt/v/lib/python3.12/site-packages/torch/_inductor/package/package.py", line 110 in load_package\n'
+         '  File "/x/utils/serve_app.py", line 90 in _ready\n  File "<frozen runpy>", line 88 in _run_code\n\n'
+         "Extension modules: numpy._core._multiarray_umath, torch._C (total: 2)\n")  # as faulthandler wrote it on the GPU
+
+
 def test_a_crashed_servers_log_gives_the_error_and_where_it_happened(tmp_path):
     log = tmp_path / "aoti.log"
-    log.write_text("/usr/lib/python3.12/copyreg.py:99: FutureWarning: ...\n  return cls.__new__(cls, *args)\n"
-                   "Fatal Python error: Segmentation fault\n\nThread 0x01 (most recent call first):\n"
-                   '  File "/x/torch/_inductor/package/package.py", line 40 in load_package\n'
-                   '  File "/x/utils/serve_app.py", line 90 in _ready\n  File "<frozen runpy>", line 88 in _run_code\n')
-    assert serving.tail(log) == ('Fatal Python error: Segmentation fault | File "/x/torch/_inductor/package/package.py", '
-                                 'line 40 in load_package | File "/x/utils/serve_app.py", line 90 in _ready | '
-                                 'File "<frozen runpy>", line 88 in _run_code')
+    log.write_text(CRASH)
+    assert serving.tail(log) == ('Fatal Python error: Segmentation fault | '
+                                 'File "torch/export/pt2_archive/_package.py", line 1045 in _load_aoti | '
+                                 'File "torch/_inductor/package/package.py", line 110 in load_package | '
+                                 'File "/x/utils/serve_app.py", line 90 in _ready')
     log.write_text("one\ntwo\nthree\nfour\n")
     assert serving.tail(log) == "two | three | four"
     assert serving.tail(tmp_path / "missing.log") == "no output"
+
+
+def test_a_cold_start_worker_that_dies_says_how_and_where():
+    assert cold_start.exit_reason(-11, CRASH).startswith(
+        'killed by SIGSEGV: Fatal Python error: Segmentation fault | File "torch/export/pt2_archive/_package.py"')
+    assert cold_start.exit_reason(1, "Traceback ...\nValueError: bad") == "exited with 1: ValueError: bad"
+    assert cold_start.exit_reason(1, "") == "exited with 1: no output"
 

@@ -14,6 +14,7 @@ import argparse  # noqa: E402
 import faulthandler  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
+import signal  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -225,9 +226,16 @@ def measure(model, path, preset, cache_dir, artifact=None, timeout=600, **option
     process_s = time.perf_counter() - t
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if not lines:
-        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        return {"model": model, "path": path, "status": "failed", "reason": tail[:300]}
+        return {"model": model, "path": path, "status": "failed", "reason": exit_reason(proc.returncode, proc.stderr)}
     return {**json.loads(lines[-1]), "process_s": process_s}
+
+
+def exit_reason(returncode, stderr):
+    """Why a worker gave no row: its exit (a signal by name) and its last words (chapter 7)."""
+    from utils.serving import last_words
+
+    how = f"killed by {signal.Signals(-returncode).name}" if returncode < 0 else f"exited with {returncode}"
+    return f"{how}: {last_words(stderr, lines=1)}"[:300]
 
 
 def sequence(model, preset, workdir, paths="jit", timeout=600):

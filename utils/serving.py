@@ -1,6 +1,7 @@
 """Chapter 7's client side: start and stop the server (utils/serve_app.py), send it bad requests, load it on loopback."""
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -11,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .env import REPO_ROOT
+
+SITE_PACKAGES = re.compile(r'File "[^"]*/site-packages/')  # a frame's path, from the package's folder on
 
 HOST = "127.0.0.1"  # loopback only: the load generator never leaves this machine
 
@@ -65,11 +68,18 @@ def start(mode, workdir, preset="smoke", buckets=(1, 2, 4, 8), cache_dir=None, t
 
 def tail(log, lines=3):
     """The last lines of a server's log, or where it crashed when faulthandler reported a fatal error (chapter 7)."""
-    text = Path(log).read_text(errors="replace").strip().splitlines() if Path(log).exists() else []
+    return last_words(Path(log).read_text(errors="replace") if Path(log).exists() else "", lines)
+
+
+def last_words(output, lines=3):
+    """The last lines of a process's output, or faulthandler's fatal error and the innermost frames (chapter 7)."""
+    text = output.strip().splitlines()
     fatal = next((i for i, line in enumerate(text) if line.startswith("Fatal Python error")), None)
-    if fatal is not None:  # the error, then the innermost frames: faulthandler prints the most recent call first
-        frames = [line.strip() for line in text[fatal + 1:] if line.strip().startswith("File ")]
-        return " | ".join([text[fatal], *frames[:4]])
+    if fatal is not None:  # the error, then the crashed thread's innermost frames (faulthandler lists them first)
+        current = next((i for i in range(fatal, len(text)) if text[i].startswith("Current thread")), fatal)
+        frames = [SITE_PACKAGES.sub('File "', line.strip()) for line in text[current + 1:]
+                  if line.strip().startswith("File ")]
+        return " | ".join([text[fatal], *frames[:3]])
     return " | ".join(text[-lines:]) or "no output"
 
 
