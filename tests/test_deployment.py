@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -70,6 +71,23 @@ def test_worker_command_line_rejects_bad_input():
 
 
 # --- the server ----------------------------------------------------------------------------------------
+
+def test_the_model_thread_batches_waiting_requests_up_to_the_largest_bucket(tmp_path):
+    engine = serve_app.Engine("eager", "smoke", tmp_path, buckets=(1, 2, 4), device="cpu")
+    requests = [serving.good_payload(n, SEQ, VOCAB, seed=k)["tokens"] for k, n in enumerate((1, 2, 1, 3, 1))]
+    answers = [engine.submit(rows) for rows in requests]  # all waiting before the thread starts
+    threading.Thread(target=engine.run_batches, daemon=True).start()
+    assert [a.result(timeout=60) for a in answers] == [engine.infer(rows) for rows in requests]
+    assert (engine.stats["batches"], engine.stats["batched_rows"]) == (2, 8)  # 1+2+1 rows, then 3+1
+
+    def broken(rows):
+        raise RuntimeError("the model failed")
+
+    engine.infer = broken
+    with pytest.raises(RuntimeError, match="the model failed"):
+        engine.submit(requests[0]).result(timeout=60)
+    assert engine.stats["batches"] == 2
+
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):

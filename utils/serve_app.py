@@ -3,19 +3,23 @@
     python -m utils.serve_app --mode compiled --port 8000 --preset smoke --workdir /tmp/serve
 
 POST /predict {"tokens": [[...], ...]} -> {"next_token": [...]}, one greedy next token per row; GET
-/health; GET /stats (requests, bad requests, graphs compiled after warm-up: the recompiles). The
-lifespan warms every batch bucket before the first request: compiled mode loads the Mega-Cache
-artifacts left in --workdir by an earlier start (and saves them after its first warm-up), then sets
-torch.compiler.set_stance("fail_on_recompile"); aoti mode loads the package from --workdir, building
-it first if it is missing.
+/health; GET /stats (requests, bad requests, batches run, graphs compiled after warm-up: the
+recompiles). The lifespan warms every batch bucket before the first request: compiled mode loads the
+Mega-Cache artifacts left in --workdir by an earlier start (and saves them after its first warm-up),
+then sets torch.compiler.set_stance("fail_on_recompile"); aoti mode loads the package from --workdir,
+building it first if it is missing. One thread runs the model: it gathers the requests waiting for it
+into one batch, up to the largest bucket, so that concurrent clients share a forward pass.
 """
 import time
 
 STARTED = time.time()
 
 import argparse  # noqa: E402
+import asyncio  # noqa: E402
+import concurrent.futures  # noqa: E402
 import contextlib  # noqa: E402
 import json  # noqa: E402
+import queue  # noqa: E402
 import threading  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -68,7 +72,8 @@ class Engine:
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.sizes = cold_start.SIZES[preset]["lm"]
         self.served, self.example = cold_start.build("lm", preset, self.device, pick_dtype(self.device))
-        self.lock, self.stats = threading.Lock(), {"requests": 0, "bad_requests": 0, "errors": 0}
+        self.lock, self.waiting = threading.Lock(), queue.Queue()
+        self.stats = {"requests": 0, "bad_requests": 0, "errors": 0, "batches": 0, "batched_rows": 0}
         self.fn = self._ready(cold_start)
 
     def _ready(self, cold_start):
@@ -118,6 +123,45 @@ class Engine:
             logits = self.fn(tokens.to(self.device))
             return logits[:n].argmax(-1).tolist()
 
+    def submit(self, rows):
+        """Queue one request's rows for the model's thread; a future of their next tokens (chapter 7)."""
+        answer = concurrent.futures.Future()
+        self.waiting.put((rows, answer))
+        return answer
+
+    def next_batch(self, held=None):
+        """The waiting requests, oldest first, up to the largest bucket; (batch, a request held over) (chapter 7)."""
+        batch = [held or self.waiting.get()]
+        rows = len(batch[0][0])
+        while True:
+            try:
+                request = self.waiting.get_nowait()
+            except queue.Empty:
+                return batch, None
+            if rows + len(request[0]) > self.buckets[-1]:
+                return batch, request
+            batch.append(request)
+            rows += len(request[0])
+
+    def run_batches(self):
+        """The model's thread: run the waiting requests as one padded batch, answer each its own rows (chapter 7)."""
+        held = None
+        while True:
+            batch, held = self.next_batch(held)
+            rows = [row for request_rows, _ in batch for row in request_rows]
+            try:
+                tokens = self.infer(rows)
+            except Exception as error:  # every request of the batch gets the error
+                for _, answer in batch:
+                    answer.set_exception(error)
+                continue
+            self.stats["batches"] += 1
+            self.stats["batched_rows"] += len(rows)
+            start = 0
+            for request_rows, answer in batch:
+                answer.set_result(tokens[start:start + len(request_rows)])
+                start += len(request_rows)
+
     def report(self):
         """Counters for GET /stats: recompiles are graphs compiled after warm-up, and calls refused for one (chapter 7)."""
         graphs = self.graphs()
@@ -128,7 +172,6 @@ class Engine:
 def create_app(mode, preset, workdir, buckets, device=None):
     """The FastAPI app, its engine readied and warmed in the lifespan, before the first request (chapter 7)."""
     from fastapi import FastAPI, Request
-    from fastapi.concurrency import run_in_threadpool
     from fastapi.responses import JSONResponse
 
     state = {}
@@ -137,6 +180,7 @@ def create_app(mode, preset, workdir, buckets, device=None):
     async def lifespan(app):
         engine = Engine(mode, preset, workdir, buckets, device)
         engine.warm_up()
+        threading.Thread(target=engine.run_batches, daemon=True).start()
         state["engine"] = engine
         yield
 
@@ -160,7 +204,7 @@ def create_app(mode, preset, workdir, buckets, device=None):
             engine.stats["bad_requests"] += 1
             return JSONResponse({"error": error.message}, status_code=error.status)
         try:
-            tokens = await run_in_threadpool(engine.infer, rows)
+            tokens = await asyncio.wrap_future(engine.submit(rows))
         except Exception as error:  # a recompile refused by fail_on_recompile, or a failure of the model
             key = "recompile_errors" if "recompil" in str(error).lower() else "errors"
             engine.stats[key] = engine.stats.get(key, 0) + 1

@@ -178,24 +178,27 @@ def compare(servers, payloads, levels, rounds=3, max_requests=200, max_seconds=5
     """Load each server in alternating rounds at each concurrency; a row per server and level (chapter 7).
 
     p50, p99 and requests/s are medians over the rounds; `speedup` is the median over rounds of eager's
-    p50 / this server's p50 in the same round (speedup_lo, speedup_hi: their range); `recompiles` is
-    what the server counted after the level.
+    p50 / this server's p50 in the same round (speedup_lo, speedup_hi: their range); `rows_per_batch`
+    is how many rows the server ran per forward pass at this level; `recompiles` is what the server
+    counted after the level.
     """
     from .timing import quantiles
 
     rows = []
     for c in levels:
-        per = {s.mode: [] for s in servers}
+        per, before = {s.mode: [] for s in servers}, {s.mode: stats(s) for s in servers}
         for _ in range(rounds):
             for s in servers:
                 per[s.mode].append(load(s.url, payloads, c, max_requests, max_seconds))
         for s in servers:
-            runs = per[s.mode]
+            runs, after = per[s.mode], stats(s)
+            batches, batched = (after[k] - before[s.mode][k] for k in ("batches", "batched_rows"))
             med = {k: quantiles([r[k] for r in runs], (0.5,))[0] if all(r[k] is not None for r in runs) else None
                    for k in ("p50_ms", "p99_ms", "rps")}
             row = {"workload": "serving", "variant": s.mode, "concurrency": c, "status": "ok", **med,
                    "requests": sum(r["ok"] for r in runs), "failed": sum(r["failed"] for r in runs),
-                   "recompiles": stats(s)["recompiles"]}
+                   "rows_per_batch": batched / batches if batches else None,
+                   "recompiles": after["recompiles"]}
             if "eager" in per and med["p50_ms"]:
                 ratios = [e["p50_ms"] / r["p50_ms"] for e, r in zip(per["eager"], runs)]
                 row.update(speedup=quantiles(ratios, (0.5,))[0], speedup_lo=min(ratios), speedup_hi=max(ratios))
