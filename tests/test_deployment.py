@@ -249,13 +249,15 @@ def test_the_books_results_give_presets():
 
 def test_server_presets_charge_the_start_beyond_eagers():
     starts = [{"variant": "eager", "ready_s": 5.0}, {"variant": "compiled", "ready_s": 20.0},
-              {"variant": "aoti", "ready_s": 60.0}]
+              {"variant": "cudagraphs", "ready_s": 25.0}, {"variant": "aoti", "ready_s": 60.0}]
     restarts = [{"variant": "compiled", "ready_s": 9.0}, {"variant": "aoti", "ready_s": 4.0}]
     rows = [{"variant": "eager", "concurrency": 1, "p50_ms": 3.0},
             {"variant": "compiled", "concurrency": 1, "p50_ms": 2.5, "speedup": 1.2},
             {"variant": "aoti", "concurrency": 1, "p50_ms": 2.0, "speedup": 1.5},
+            {"variant": "cudagraphs", "concurrency": 1, "p50_ms": 1.0, "speedup": 3.0},
             {"variant": "compiled", "concurrency": 4, "p50_ms": 9.0}]
-    compiled, aoti = break_even.server_presets(starts, restarts, rows, concurrency=1)
+    compiled, graphs, aoti = break_even.server_presets(starts, restarts, rows, concurrency=1)
+    assert (graphs["variant"], graphs["cold_s"], graphs["warm_s"]) == ("torch.compile, CUDA graphs", 20.0, None)
     assert (compiled["cold_s"], compiled["warm_s"], compiled["calls_cold"]) == (15.0, 4.0, pytest.approx(30_000))
     assert (aoti["cold_s"], aoti["warm_s"], aoti["calls_warm"]) == (55.0, -1.0, 0.0)  # a restart faster than eager's
     assert compiled["chapter"] == "7" and compiled["speedup"] == 1.2

@@ -131,7 +131,8 @@ def server_presets(starts, restarts, serve_rows, concurrency):
 
     eager_start, eager = find(starts, variant="eager"), find(serve_rows, variant="eager", concurrency=concurrency)
     out = []
-    for mode, label in (("compiled", "torch.compile"), ("aoti", "AOTInductor package")):
+    for mode, label in (("compiled", "torch.compile"), ("cudagraphs", "torch.compile, CUDA graphs"),
+                        ("aoti", "AOTInductor package")):
         first, again = find(starts, variant=mode), find(restarts, variant=mode)
         served = find(serve_rows, variant=mode, concurrency=concurrency)
         if not (eager_start and eager and first and served and eager["p50_ms"] and served["p50_ms"]):

@@ -1,14 +1,16 @@
-"""Chapter 7's server: a FastAPI app that serves chapter 7's LM eagerly, compiled, or from an AOTInductor package.
+"""Chapter 7's server: a FastAPI app that serves chapter 7's LM eagerly, compiled (with or without CUDA graphs), or
+from an AOTInductor package.
 
     python -m utils.serve_app --mode compiled --port 8000 --preset smoke --workdir /tmp/serve
 
 POST /predict {"tokens": [[...], ...]} -> {"next_token": [...]}, one greedy next token per row; GET
 /health; GET /stats (requests, bad requests, batches run, graphs compiled after warm-up: the
-recompiles). The lifespan warms every batch bucket before the first request: compiled mode loads the
-Mega-Cache artifacts left in --workdir by an earlier start (and saves them after its first warm-up),
-then sets torch.compiler.set_stance("fail_on_recompile"); aoti mode loads the package from --workdir,
-building it first if it is missing. One thread runs the model: it gathers the requests waiting for it
-into one batch, up to the largest bucket, so that concurrent clients share a forward pass.
+recompiles). The lifespan warms every batch bucket before the first request: the compiled modes load
+the Mega-Cache artifacts left in --workdir by an earlier start (and save them after their first
+warm-up), then set torch.compiler.set_stance("fail_on_recompile"); aoti mode loads the package from
+--workdir, building it first if it is missing. One thread runs the model, warm-up included (CUDA graphs
+are recorded per thread): it gathers the requests waiting for it into one batch, up to the largest
+bucket, so that concurrent clients share a forward pass.
 """
 import time
 
@@ -25,7 +27,8 @@ from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
 
-MODES = ("eager", "compiled", "aoti")
+MODES = ("eager", "compiled", "cudagraphs", "aoti")
+COMPILED = {"compiled": None, "cudagraphs": "reduce-overhead"}  # mode -> torch.compile(mode=...)
 
 
 class BadRequest(Exception):
@@ -72,7 +75,7 @@ class Engine:
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.sizes = cold_start.SIZES[preset]["lm"]
         self.served, self.example = cold_start.build("lm", preset, self.device, pick_dtype(self.device))
-        self.lock, self.waiting = threading.Lock(), queue.Queue()
+        self.lock, self.waiting, self.ready, self.failed = threading.Lock(), queue.Queue(), threading.Event(), None
         self.stats = {"requests": 0, "bad_requests": 0, "errors": 0, "batches": 0, "batched_rows": 0}
         self.fn = self._ready(cold_start)
 
@@ -81,11 +84,12 @@ class Engine:
         mega = self.workdir / "mega.bin"
         if self.mode == "eager":
             return self.served
-        if self.mode == "compiled":
+        if self.mode in COMPILED:
             self.stats["mega_loaded"] = mega.exists()
             if mega.exists():
                 torch.compiler.load_cache_artifacts(mega.read_bytes())
-            return torch.compile(self.served, dynamic=False)  # one graph per bucket, no dynamic shapes
+            # one graph per bucket, no dynamic shapes; "reduce-overhead" also records a CUDA graph per bucket
+            return torch.compile(self.served, dynamic=False, mode=COMPILED[self.mode])
         package = self.workdir / "lm.pt2"
         self.stats["package_built"] = not package.exists()
         if not package.exists():
@@ -100,12 +104,12 @@ class Engine:
         return counters["stats"]["unique_graphs"]
 
     def warm_up(self):
-        """Call every bucket once; for compiled mode save Mega-Cache artifacts once, then refuse recompiles (chapter 7)."""
+        """Call every bucket once; compiled, save Mega-Cache artifacts once, then refuse recompiles (chapter 7)."""
         started = time.perf_counter()
         for b in self.buckets:
             self.infer([[0] * self.sizes["seq_len"]] * b)
         mega = self.workdir / "mega.bin"
-        if self.mode == "compiled":
+        if self.mode in COMPILED:
             if not mega.exists():
                 artifacts = torch.compiler.save_cache_artifacts()
                 if artifacts:
@@ -143,6 +147,17 @@ class Engine:
             batch.append(request)
             rows += len(request[0])
 
+    def serve(self):
+        """The model's thread: warm up, then run batches (CUDA graphs are the recording thread's) (chapter 7)."""
+        try:
+            self.warm_up()
+        except Exception as error:  # the lifespan raises it, and the server does not start
+            self.failed = error
+        finally:
+            self.ready.set()
+        if not self.failed:
+            self.run_batches()
+
     def run_batches(self):
         """The model's thread: run the waiting requests as one padded batch, answer each its own rows (chapter 7)."""
         held = None
@@ -179,8 +194,10 @@ def create_app(mode, preset, workdir, buckets, device=None):
     @contextlib.asynccontextmanager
     async def lifespan(app):
         engine = Engine(mode, preset, workdir, buckets, device)
-        engine.warm_up()
-        threading.Thread(target=engine.run_batches, daemon=True).start()
+        threading.Thread(target=engine.serve, daemon=True).start()
+        await asyncio.to_thread(engine.ready.wait)
+        if engine.failed:
+            raise engine.failed
         state["engine"] = engine
         yield
 
