@@ -310,6 +310,7 @@ def test_draft_runs_in_smoke_preset_on_cpu(tmp_path, monkeypatch, dtype):
     nb, text = run_draft_smoke(NOTEBOOK, tmp_path)
     assert f"in torch.{dtype}" in text
     assert "bad requests: 4 refused with a 4xx" in text and "recompiles under load: 0" in text
+    assert "did not start" not in text  # every server mode, CUDA graphs and AOTInductor included, served on the CPU
     assert "graphs compiled: dynamic=None 2, dynamic=True 1" in text  # section 5: a recompile, then symbolic sizes
     assert "the model: 2 graphs, 1 graph break:" in text and "steady calls: eager" in text
     glued = {o["metadata"]["scrapbook"]["name"]: o["data"]["application/papermill.record/text/plain"] for c in nb["cells"]
