@@ -166,6 +166,24 @@ def test_a_function_held_in_notebook_data_is_keyed_by_its_code_not_its_address(t
     assert " at 0x" not in utils.runs._value_text({"o": object()})
 
 
+def test_a_module_run_in_another_process_joins_the_key_when_named(tmp_path, monkeypatch, resume):
+    # chapter 7's server runs as `python -m utils.serve_app`: no function the part calls refers to its code
+    (tmp_path / "server_mod.py").write_text("def serve():\n    return 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import server_mod
+
+    measure, calls = counted({"p50_ms": 2.0})
+    plain = utils.runs.part_key("tiny", "a", "smoke", SIZES, measure)
+    named = utils.runs.part_key("tiny", "a", "smoke", SIZES, measure, also=(server_mod,))
+    assert plain != named and named == utils.runs.part_key("tiny", "a", "smoke", SIZES, measure, also=(server_mod,))
+    new_run(tmp_path).part("a", measure, also=(server_mod,))
+    new_run(tmp_path).part("a", measure, also=(server_mod,))
+    assert calls == [1], "the same server code was measured again"
+    (tmp_path / "server_mod.py").write_text("def serve():\n    return 2  # the server changed\n")
+    new_run(tmp_path).part("a", measure, also=(server_mod,))
+    assert calls == [1, 1], "a changed server kept its stored result"
+
+
 STALE_KEY = "0123456789abcdef"  # as if keyed by an address no process can compute again
 
 

@@ -181,15 +181,17 @@ def old_library(folder):
     return sys.modules[name]
 
 
-def part_key(chapter, name, preset, sizes, measure, old_folder=None):
+def part_key(chapter, name, preset, sizes, measure, old_folder=None, also=()):
     """A hash of all that decides a part's result: chapter, part, preset and sizes, GPU, torch, code (chapter 1).
 
     With `old_folder`, the key the part had when the measuring files were those kept there (a re-key).
+    `also`: modules whose whole source joins the key, for code the part runs in another process
+    (a worker or a server started with `python -m`), which no function it calls refers to.
     """
     what = json.dumps({"chapter": chapter, "part": name, "preset": preset, "sizes": sizes, "gpu": gpu_name(),
                        "torch": torch.__version__}, sort_keys=True, default=repr)
     old = old_library(old_folder) if old_folder else None
-    code = code_text(measure, old=old) + measuring_code(old_folder)
+    code = code_text(measure, old=old) + measuring_code(old_folder) + "".join(inspect.getsource(m) for m in also)
     return hashlib.sha256((what + code).encode()).hexdigest()[:16]
 
 
@@ -271,12 +273,15 @@ class Run:
                               "(fewer sizes or a smaller model) or split it into parts; nothing of it is published")
         return times
 
-    def part(self, name, measure):
-        """measure()'s result for this part: reused when stored with the same key, else measured (and stored) (chapter 1)."""
-        key = part_key(self.chapter, name, self.preset, self.sizes, measure)
+    def part(self, name, measure, also=()):
+        """measure()'s result for this part: reused when stored with the same key, else measured (and stored) (chapter 1).
+
+        `also`: modules the part runs in other processes, whose source is part of its key (see part_key).
+        """
+        key = part_key(self.chapter, name, self.preset, self.sizes, measure, also=also)
         entry = self.stored().get(name) if self.resume else None
         if self.rekey_from:
-            entry = self._rekeyed(name, entry, key, measure)
+            entry = self._rekeyed(name, entry, key, measure, also)
         elif name in self.adopt:
             entry = self._adopted(name, entry, key)
         if entry and entry.get("key") == key and "result" in entry:
@@ -310,7 +315,7 @@ class Run:
             with open(os.environ[PARTS_LOG_ENV], "a") as log:
                 log.write(json.dumps(line) + "\n")
 
-    def _rekeyed(self, name, entry, key, measure):
+    def _rekeyed(self, name, entry, key, measure, also=()):
         """The stored entry under the new key when only the measuring code changed since it was measured, else an error.
 
         A re-key run (BOOK_REKEY_FROM) measures nothing: it recomputes each stored part's old key with
@@ -323,7 +328,7 @@ class Run:
                                "measure it (run without --rekey-from)")
         if entry.get("key") == key:
             return entry
-        old = part_key(self.chapter, name, self.preset, self.sizes, measure, old_folder=self.rekey_from)
+        old = part_key(self.chapter, name, self.preset, self.sizes, measure, old_folder=self.rekey_from, also=also)
         if entry.get("key") != old:
             raise RuntimeError(f"part {name!r} of {self.chapter} cannot be re-keyed: more than the measuring code "
                                "changed since it was measured; measure it (run without --rekey-from)")
