@@ -303,6 +303,14 @@ def test_no_injected_parameters_cell(notebook):
                          "re-run the chapter with python -m utils.run_book, which strips them"
 
 
+@pytest.mark.parametrize("notebook", ALL_NOTEBOOKS, ids=[nb.stem for nb in ALL_NOTEBOOKS])
+def test_no_paths_of_the_machine_that_ran_it(notebook):
+    """papermill records where a run read and wrote the notebook; those are the runner's folders, not the reader's."""
+    record = load(notebook)["metadata"].get("papermill", {})
+    paths = {key: record[key] for key in ("input_path", "output_path") if record.get(key)}
+    assert not paths, f"papermill's paths from the run: {paths}; utils.run_book's strip_injected removes them"
+
+
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=IDS)
 def test_widget_state_is_stored(notebook):
     """The site renders widgets from the state stored in the notebook (papermill stores it)."""

@@ -596,6 +596,8 @@ def check_rendered(path, preset):
     nb = json.loads(path.read_text())
     tags = [c.get("metadata", {}).get("tags", []) for c in nb["cells"]]
     assert not [t for t in tags if "injected-parameters" in t], "papermill's injected cell was kept"
+    kept = set(nb["metadata"].get("papermill", {})) & {"input_path", "output_path"}
+    assert not kept, f"papermill's record of the runner's paths was kept: {kept}"
     params = [c for c, t in zip(nb["cells"], tags) if "parameters" in t]
     assert len(params) == 1 and "".join(params[0]["source"]) == 'PRESET = "auto"'
     assert not [o for c in nb["cells"] for o in c.get("outputs", []) if o["output_type"] == "error"]

@@ -69,10 +69,15 @@ def auto_preset():
     return choose_preset()[0]
 
 
+MACHINE_PATHS = ("input_path", "output_path")  # papermill's record of where the run read and wrote: the runner's folders
+
+
 def strip_injected(path):
-    """Remove papermill's injected parameters cell, so the notebook keeps PRESET = "auto" (chapter 1)."""
+    """Remove papermill's injected parameters cell and its record of the run's paths; PRESET = "auto" stays (chapter 1)."""
     nb = json.loads(Path(path).read_text())
     nb["cells"] = [c for c in nb["cells"] if "injected-parameters" not in c.get("metadata", {}).get("tags", [])]
+    for key in MACHINE_PATHS:
+        nb.get("metadata", {}).get("papermill", {}).pop(key, None)
     Path(path).write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
 
 
