@@ -374,6 +374,45 @@ def test_the_deadline_does_not_stop_reused_parts(tmp_path, resume, monkeypatch):
     assert calls == [1]
 
 
+def store_elsewhere(tmp_path, gpu, name, seconds, result=(0,)):
+    """A part of chapter 'tiny' stored under another GPU's folder, `seconds` long (with a result unless None)."""
+    path = tmp_path / gpu / "parts" / "tiny.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    entry = {"key": f"{gpu}'s key", "seconds": seconds, **({"result": list(result)} if result is not None else {})}
+    path.write_text(json.dumps({"chapter": "tiny", "gpu": gpu, "parts": {name: entry}}))
+
+
+def test_a_part_new_to_this_gpu_waits_when_another_gpu_took_too_long_for_what_is_left(tmp_path, resume, monkeypatch):
+    store_elsewhere(tmp_path, "h100-80gb-hbm3", "slow", 100.0)  # 1.5x: 150 s expected here
+    monkeypatch.setenv("BOOK_DEADLINE", str(time.time() + 120))
+    measure, calls = counted([1])
+    run = new_run(tmp_path)
+    run.part("quick", lambda: [0])  # something measured first in this command
+    with pytest.raises(PartsPending, match=r"'slow' of tiny is new on this GPU and took up to 100 s on another"):
+        run.part("slow", measure)
+    assert calls == [] and "slow" not in stored(tmp_path)
+
+    monkeypatch.setenv("BOOK_DEADLINE", str(time.time() + 200))  # room for 1.5x
+    assert new_run(tmp_path).part("slow", measure) == [1] and calls == [1]
+
+
+def test_a_new_part_first_in_its_command_starts_whatever_another_gpu_took(tmp_path, resume, monkeypatch):
+    store_elsewhere(tmp_path, "h100-80gb-hbm3", "slow", 1000.0)
+    monkeypatch.setenv("BOOK_DEADLINE", str(time.time() + 120))
+    measure, calls = counted([1])
+    assert new_run(tmp_path).part("slow", measure) == [1] and calls == [1]  # it has the whole command
+
+
+@pytest.mark.parametrize("gpu, seconds, result", [("t4-simulated-on-h200", 1000.0, (0,)),  # other sizes, 2 threads
+                                                  ("h200", 1000.0, None)])  # cut off there, never finished
+def test_only_finished_parts_of_real_gpus_estimate_a_new_one(tmp_path, resume, monkeypatch, gpu, seconds, result):
+    store_elsewhere(tmp_path, gpu, "slow", seconds, result)
+    monkeypatch.setenv("BOOK_DEADLINE", str(time.time() + 120))
+    run, (measure, calls) = new_run(tmp_path), counted([1])
+    run.part("quick", lambda: [0])
+    assert run.part("slow", measure) == [1] and calls == [1]
+
+
 class Killed(BaseException):
     """Stands for the runner killing the kernel mid-part (nothing after the measure runs)."""
 

@@ -5,7 +5,8 @@ simply measured. Run by `python -m utils.run_book --resume`, each part is stored
 results/<gpu>/parts/<chapter>.json as soon as it finishes and reused by later commands while its
 key holds: the same chapter, part, preset sizes, GPU, torch, and the same code (the measuring
 function, what it calls in the notebook, and the library's timing code). A part that would not
-finish before the command's deadline is not started: the notebook stops with PartsPending and the
+finish before the command's deadline is not started (its time is its last measurement's on this GPU; a
+part new to this GPU may take 1.5x its time on another): the notebook stops with PartsPending and the
 runner carries on in its next command. A part cut off mid-way is never stored; one cut off twice with a
 command to itself is an error (PartTooLong): it cannot finish within one command.
 """
@@ -48,6 +49,26 @@ class PartsPending(Exception):
 def parts_path(chapter, gpu=None, root=None):
     """Where a chapter's stored parts live: results/<gpu-slug>/parts/<chapter>.json (chapter 1)."""
     return Path(root or REPO_ROOT / "results") / gpu_slug(gpu) / "parts" / f"{chapter}.json"
+
+
+ELSEWHERE_MARGIN = 1.5  # a part not yet measured on this GPU may take up to 1.5x its time on another
+
+
+def seconds_elsewhere(chapter, name, root=None):
+    """The longest a part took where it finished on another GPU (simulated ones only for simulated), or 0.0 (chapter 1)."""
+    here = parts_path(chapter, root=root)
+    simulated = "-simulated-on-" in here.parent.parent.name
+    longest = 0.0
+    for path in here.parent.parent.parent.glob(f"*/parts/{chapter}.json"):
+        if path == here or ("-simulated-on-" in path.parent.parent.name) != simulated:
+            continue
+        try:
+            entry = json.loads(path.read_text()).get("parts", {}).get(name) or {}
+        except (OSError, ValueError, AttributeError):
+            continue
+        if "result" in entry:
+            longest = max(longest, float(entry.get("seconds") or 0.0))
+    return longest
 
 
 def _code_text(code):
@@ -247,7 +268,7 @@ class Run:
         tmp.replace(self.path)
 
     def _check_time(self, name, entry, key):
-        """Raise PartsPending when the part's expected seconds (its last measurement's) do not fit before the deadline."""
+        """Raise PartsPending when the part's expected seconds (its last measurement's, or elsewhere's) do not fit."""
         if self.deadline is None:
             return
         left = self.deadline - time.time()
@@ -260,6 +281,11 @@ class Run:
         if expected > left:
             raise PartsPending(f"part {name!r} of {self.chapter} needs about {expected:.0f} s and "
                                f"{max(left, 0):.0f} s are left in this command: the runner measures it next")
+        elsewhere = ELSEWHERE_MARGIN * seconds_elsewhere(self.chapter, name, self.root) if not expected else 0.0
+        if measured_before and elsewhere > left:  # a command's first part always starts: it has the whole command
+            raise PartsPending(f"part {name!r} of {self.chapter} is new on this GPU and took up to "
+                               f"{elsewhere / ELSEWHERE_MARGIN:.0f} s on another; {max(left, 0):.0f} s are left "
+                               "in this command: the runner measures it next")
 
     def _cut_off_alone(self, name, entry, key):
         """How often this very code was cut off with a command to itself; raise PartTooLong at the second time."""
