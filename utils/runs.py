@@ -56,11 +56,10 @@ ELSEWHERE_MARGIN = 1.5  # a part not yet measured on this GPU may take up to 1.5
 
 def seconds_elsewhere(chapter, name, root=None):
     """The longest a part took where it finished on another GPU (simulated ones only for simulated), or 0.0 (chapter 1)."""
-    here = parts_path(chapter, root=root)
-    simulated = "-simulated-on-" in here.parent.parent.name
-    longest = 0.0
-    for path in here.parent.parent.parent.glob(f"*/parts/{chapter}.json"):
-        if path == here or ("-simulated-on-" in path.parent.parent.name) != simulated:
+    here, longest = gpu_slug(), 0.0
+    for path in Path(root or REPO_ROOT / "results").glob(f"*/parts/{chapter}.json"):
+        gpu = path.parent.parent.name
+        if gpu == here or ("-simulated-on-" in gpu) != ("-simulated-on-" in here):
             continue
         try:
             entry = json.loads(path.read_text()).get("parts", {}).get(name) or {}
