@@ -14,6 +14,7 @@ ALL_NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))  # drafts too
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 # the provenance printout, e.g. "       gpu: NVIDIA H200" or "'gpu': 'NVIDIA H200'"
 GPU_LINE = re.compile(r"""\bgpu['"]?\s*:\s*['"]?NVIDIA\b""", re.IGNORECASE)
+GPU_NAME = re.compile(r"""\bgpu['"]?\s*:\s*['"]?(NVIDIA[^'"\\\n<]*)""")  # the GPU's name in that printout
 SMOKE_CELL_TIMEOUT_S = 1800
 # What a chapter's smoke run must print besides running clean: checks of that chapter's own (regexes).
 SMOKE_PRINTS = {
@@ -255,6 +256,19 @@ def test_committed_outputs_are_a_clean_gpu_run(notebook):
     texts = [output_text(o) for c in cells for o in c.get("outputs", [])]
     assert any(GPU_LINE.search(t) for t in texts), \
         "no provenance printout naming an NVIDIA GPU ('gpu: NVIDIA ...') in the outputs"
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=IDS)
+def test_its_results_of_record_come_from_the_gpu_its_page_shows(notebook):
+    """The benchmarks page reads results/<gpu>/<chapter>.json: one real GPU's, the one the chapter's outputs name."""
+    texts = [output_text(o) for c in code_cells(load(notebook)) for o in c.get("outputs", [])]
+    shown = {m.group(1).strip() for t in texts for m in GPU_NAME.finditer(t)}
+    files = [p for p in (REPO / "results").glob(f"*/{notebook.stem}.json")
+             if p.parent.name != "cpu" and "-simulated-on-" not in p.parent.name]
+    recorded = {str(p.relative_to(REPO)): json.loads(p.read_text())["provenance"]["gpu"] for p in files}
+    assert len(recorded) == 1 and set(recorded.values()) == shown, \
+        f"the chapter shows a run on {shown}, the results of record are {recorded}: " \
+        "a full run in place (python -m utils.run_book) leaves only its own GPU's"
 
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=IDS)

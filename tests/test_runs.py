@@ -672,7 +672,9 @@ def test_run_book_accepts_an_out_folder_outside_the_checkout(tmp_path, monkeypat
 
 
 def test_run_book_smoke_run_writes_a_copy_and_leaves_the_chapter(tiny, capsys):
+    kept = earlier_results(tiny)
     assert utils.run_book.main(["--preset", "smoke", str(tiny["path"])]) == 0
+    assert all(path.exists() for path in kept), "a run that leaves the chapter must leave its results of record"
     assert tiny["path"].read_bytes() == tiny["bytes"], "a smoke run changed the committed chapter"
     copy = tiny["out"] / tiny["path"].name
     text = check_rendered(copy, "smoke")
@@ -691,8 +693,21 @@ def test_run_book_failed_run_leaves_the_chapter_and_returns_1(tiny, capsys):
     assert list((tiny["out"] / "work").glob("*.failed.ipynb"))  # the failed run kept to be read
 
 
-def test_run_book_full_run_writes_in_place_without_the_injected_cell(tiny, monkeypatch):
+def earlier_results(tiny):
+    """Results files of chapter 09_tiny from another GPU, a simulated small one and this machine (cpu)."""
+    paths = [tiny["root"] / gpu / "09_tiny.json" for gpu in ("h100-80gb-hbm3", "t4-simulated-on-h200", "cpu")]
+    for path in paths:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("{}")
+    return paths
+
+
+def test_run_book_full_run_writes_in_place_without_the_injected_cell(tiny, monkeypatch, capsys):
+    other_gpu, simulated, here = earlier_results(tiny)
     assert utils.run_book.main(["--preset", "full", str(tiny["path"])]) == 0
+    assert not other_gpu.exists(), "the page now shows this GPU's run: the other GPU's results must go"
+    assert simulated.exists() and here.exists()
+    assert f"removed {other_gpu}, an earlier GPU's run" in capsys.readouterr().out
     assert tiny["path"].read_bytes() != tiny["bytes"]
     text = check_rendered(tiny["path"], "full")
     assert "parts: first measured, second measured" in text

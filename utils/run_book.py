@@ -158,6 +158,17 @@ def execute(notebook, preset="auto", out_dir=None, timeout=None, *, seconds=None
     return target
 
 
+def retire_other_gpus(chapter):
+    """Remove a chapter's results files from other GPUs once its page shows this GPU's run; returns them (benchmarks page)."""
+    here, removed = gpu_slug(), []
+    for path in sorted((REPO_ROOT / "results").glob(f"*/{chapter}.json")):
+        gpu = path.parent.name  # results/cpu is git-ignored; a simulated small GPU records its own runs
+        if gpu not in (here, "cpu") and "-simulated-on-" not in gpu:
+            path.unlink()
+            removed.append(path)
+    return removed
+
+
 def run_chapter(notebook, preset, out_dir=None, *, resume=False, seconds=None, timeout=None):
     """Run one chapter and put it where it belongs: in place for a full run, else under out_dir; returns where (chapter 1)."""
     notebook = Path(notebook).resolve()
@@ -172,6 +183,9 @@ def run_chapter(notebook, preset, out_dir=None, *, resume=False, seconds=None, t
     if target.resolve() != executed.resolve():
         target.write_text(executed.read_text())
         executed.unlink()
+    for path in retire_other_gpus(notebook.stem) if in_place else ():
+        print(f"{notebook.name}: removed {path}, an earlier GPU's run: the chapter and the benchmarks page "
+              f"now show this one's", flush=True)
     return target, resolved
 
 
