@@ -162,6 +162,11 @@ def gpu_slug(name=None):
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "cpu"
 
 
+def is_simulated(slug):
+    """Whether a results folder ('t4-simulated-on-h200', from gpu_slug) holds runs as a simulated small GPU (chapter 1)."""
+    return "-simulated-on-" in slug
+
+
 def git_commit():
     """The checkout's commit ($BOOK_COMMIT where the tree travelled without .git), else 'unknown' (chapter 1)."""
     if os.environ.get("BOOK_COMMIT"):

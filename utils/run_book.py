@@ -31,8 +31,8 @@ from pathlib import Path
 
 import torch
 
-from .benchmarks import RUNS_FILE
-from .env import REPO_ROOT, SIMULATE_ENV, SMALL_GPUS, git_commit, gpu_name, gpu_slug
+from .benchmarks import RUNS_FILE, SKIPPED_FOLDERS
+from .env import REPO_ROOT, SIMULATE_ENV, SMALL_GPUS, git_commit, gpu_name, gpu_slug, is_simulated
 from .runs import ADOPT_ENV, MEASURING_CODE, PARTS_LOG_ENV, REKEY_ENV
 
 NOTEBOOKS = REPO_ROOT / "notebooks"
@@ -162,8 +162,8 @@ def retire_other_gpus(chapter):
     """Remove a chapter's results files from other GPUs once its page shows this GPU's run; returns them (benchmarks page)."""
     here, removed = gpu_slug(), []
     for path in sorted((REPO_ROOT / "results").glob(f"*/{chapter}.json")):
-        gpu = path.parent.name  # results/cpu is git-ignored; a simulated small GPU records its own runs
-        if gpu not in (here, "cpu") and "-simulated-on-" not in gpu:
+        gpu = path.parent.name  # the page skips results/cpu; a simulated small GPU records its own runs
+        if gpu != here and gpu not in SKIPPED_FOLDERS and not is_simulated(gpu):
             path.unlink()
             removed.append(path)
     return removed

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from .env import REPO_ROOT, gpu_name, gpu_slug, git_commit, provenance
+from .env import REPO_ROOT, gpu_name, gpu_slug, git_commit, is_simulated, provenance
 
 RESUME_ENV = "BOOK_RESUME"  # "1": reuse stored parts and store new ones
 DEADLINE_ENV = "BOOK_DEADLINE"  # epoch seconds after which no part may still be running
@@ -59,7 +59,7 @@ def seconds_elsewhere(chapter, name, root=None):
     here, longest = gpu_slug(), 0.0
     for path in Path(root or REPO_ROOT / "results").glob(f"*/parts/{chapter}.json"):
         gpu = path.parent.parent.name
-        if gpu == here or ("-simulated-on-" in gpu) != ("-simulated-on-" in here):
+        if gpu == here or is_simulated(gpu) != is_simulated(here):
             continue
         try:
             entry = json.loads(path.read_text()).get("parts", {}).get(name) or {}
@@ -280,11 +280,12 @@ class Run:
         if expected > left:
             raise PartsPending(f"part {name!r} of {self.chapter} needs about {expected:.0f} s and "
                                f"{max(left, 0):.0f} s are left in this command: the runner measures it next")
-        elsewhere = ELSEWHERE_MARGIN * seconds_elsewhere(self.chapter, name, self.root) if not expected else 0.0
-        if measured_before and elsewhere > left:  # a command's first part always starts: it has the whole command
-            raise PartsPending(f"part {name!r} of {self.chapter} is new on this GPU and took up to "
-                               f"{elsewhere / ELSEWHERE_MARGIN:.0f} s on another; {max(left, 0):.0f} s are left "
-                               "in this command: the runner measures it next")
+        if measured_before and not expected:  # a command's first part always starts: it has the whole command
+            elsewhere = seconds_elsewhere(self.chapter, name, self.root)
+            if ELSEWHERE_MARGIN * elsewhere > left:
+                raise PartsPending(f"part {name!r} of {self.chapter} is new on this GPU and took up to "
+                                   f"{elsewhere:.0f} s on another; {max(left, 0):.0f} s are left "
+                                   "in this command: the runner measures it next")
 
     def _cut_off_alone(self, name, entry, key):
         """How often this very code was cut off with a command to itself; raise PartTooLong at the second time."""
