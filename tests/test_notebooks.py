@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
+from utils.benchmarks import SKIPPED_FOLDERS
+from utils.env import is_simulated
 
 NOTEBOOKS = sorted((REPO / "notebooks").glob("[0-9]*.ipynb"))
 IDS = [nb.stem for nb in NOTEBOOKS]
@@ -264,7 +266,7 @@ def test_its_results_of_record_come_from_the_gpu_its_page_shows(notebook):
     texts = [output_text(o) for c in code_cells(load(notebook)) for o in c.get("outputs", [])]
     shown = {m.group(1).strip() for t in texts for m in GPU_NAME.finditer(t)}
     files = [p for p in (REPO / "results").glob(f"*/{notebook.stem}.json")
-             if p.parent.name != "cpu" and "-simulated-on-" not in p.parent.name]
+             if p.parent.name not in SKIPPED_FOLDERS and not is_simulated(p.parent.name)]
     recorded = {str(p.relative_to(REPO)): json.loads(p.read_text())["provenance"]["gpu"] for p in files}
     assert len(recorded) == 1 and set(recorded.values()) == shown, \
         f"the chapter shows a run on {shown}, the results of record are {recorded}: " \
