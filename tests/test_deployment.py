@@ -62,27 +62,6 @@ def test_worker_compiles_from_a_warm_cache(tmp_path):
     assert (tmp_path / "mega.bin").stat().st_size > 0
 
 
-def test_an_aoti_package_is_linked_symbolic_and_matches_eager(tmp_path):
-    import torch
-
-    served = cold_start.Served(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))).eval()
-    x = torch.randn(2, 8)
-    with torch.inference_mode():
-        cold_start.aoti_build(served, x, tmp_path / "m.pt2", max_batch=4)
-        loaded = torch._inductor.aoti_load_package(str(tmp_path / "m.pt2"))
-        assert torch.allclose(loaded(torch.cat([x, x])), served(torch.cat([x, x])), atol=1e-5)  # a dynamic batch
-    assert "-Wl,-Bsymbolic" in (tmp_path / "cxx" / "g++").read_text()
-    import zipfile
-
-    with zipfile.ZipFile(tmp_path / "m.pt2") as package:
-        libraries = [n for n in package.namelist() if n.endswith(".so")]
-        package.extractall(tmp_path / "unpacked", members=libraries)
-    assert libraries
-    for name in libraries:
-        dynamic = subprocess.run(["readelf", "-d", str(tmp_path / "unpacked" / name)], capture_output=True, text=True)
-        assert "SYMBOLIC" in dynamic.stdout, name
-
-
 def test_worker_command_line_rejects_bad_input():
     for args, message in ((["--model", "vit", "--path", "eager"], "invalid choice: 'vit'"),
                           (["--model", "lm", "--path", "aoti"], "--path aoti needs --artifact")):

@@ -14,7 +14,6 @@ import argparse  # noqa: E402
 import faulthandler  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
-import shutil  # noqa: E402
 import signal  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
@@ -93,31 +92,10 @@ def batch_dim(max_batch):
     return torch.export.Dim("batch", min=1, max=max_batch)
 
 
-SYMBOLIC_CXX = """#!/bin/sh
-# The C++ compiler Inductor found, with -Wl,-Bsymbolic added when it links a shared object (utils/cold_start.py).
-case " $* " in *" -shared "*) exec "{cxx}" "$@" -Wl,-Bsymbolic ;; esac
-exec "{cxx}" "$@"
-"""
-
-
-def symbolic_cxx(folder):
-    """A compiler wrapper linking each .so with -Bsymbolic, so a package calls its own C++ code (chapter 7; Linux)."""
-    from torch._inductor.cpp_builder import get_cpp_compiler
-
-    wrapper = Path(folder) / "cxx" / "g++"  # it answers --version as the compiler does: Inductor picks the same flags
-    wrapper.parent.mkdir(parents=True, exist_ok=True)
-    wrapper.write_text(SYMBOLIC_CXX.format(cxx=shutil.which(get_cpp_compiler())))
-    wrapper.chmod(0o755)
-    return str(wrapper)
-
-
 def aoti_build(served, x, package, max_batch):
     """Export (non-strict, dynamic batch) and compile an AOTInductor package to `package` (chapter 7)."""
     program = torch.export.export(served, (x,), dynamic_shapes={"x": {0: batch_dim(max_batch)}}, strict=False)
-    if sys.platform != "linux":
-        return torch._inductor.aoti_compile_and_package(program, package_path=str(package))
-    with torch._inductor.config.patch({"cpp.cxx": symbolic_cxx(Path(package).parent)}):
-        return torch._inductor.aoti_compile_and_package(program, package_path=str(package))
+    return torch._inductor.aoti_compile_and_package(program, package_path=str(package))
 
 
 def precompile_available():
