@@ -11,7 +11,7 @@ import threading
 import pytest
 
 from conftest import REPO
-from utils import break_even, cold_start, serve_app, serving
+from utils import break_even, cold_start, llm, serve_app, serving
 from utils.benchmarks import ResultsError
 from utils.compare import break_even_calls
 
@@ -316,6 +316,8 @@ def test_draft_runs_in_smoke_preset_on_cpu(tmp_path, monkeypatch, dtype):
     glued = {o["metadata"]["scrapbook"]["name"]: o["data"]["application/papermill.record/text/plain"] for c in nb["cells"]
              for o in c.get("outputs", []) if o.get("metadata", {}).get("scrapbook")}
     assert re.search(r"ms eager, [0-9.]+ ms compiled, at a batch of 2", glued["lm_step_verdict"])  # why the servers differ
+    assert "no Triton kernels to profile on this device" in text  # section 4's profile is for a GPU
+    assert "not measured here" in glued["mlp_kernels"]
 
 
 CRASH = ("/usr/lib/python3.12/copyreg.py:99: FutureWarning: ...\n  return cls.__new__(cls, *args)\n"
@@ -347,3 +349,20 @@ def test_a_cold_start_worker_that_dies_says_how_and_where():
     assert cold_start.exit_reason(1, "Traceback ...\nValueError: bad") == "exited with 1: ValueError: bad"
     assert cold_start.exit_reason(1, "") == "exited with 1: no output"
 
+
+
+def test_triton_sources_cuts_each_kernel_out_of_inductors_code():
+    quotes = "'" * 3
+    code = "\n".join([
+        f"triton_red_fused_mm_0 = async_compile.triton('triton_red_fused_mm_0', {quotes}",
+        "import triton", "@triton_heuristics.reduction(size_hints={'x': 4096})", "@triton.jit",
+        "def triton_red_fused_mm_0(in_ptr0, out_ptr0, xnumel, r0_numel):", "    tmp0 = tl.load(in_ptr0 + r0_1)",
+        f"{quotes}, device_str='cuda')",
+        f"triton_poi_fused_silu_1 = async_compile.triton('triton_poi_fused_silu_1', {quotes}",
+        "@triton.jit", "def triton_poi_fused_silu_1(in_ptr0):", "    pass", f"{quotes}, device_str='cuda')",
+        "extern_kernels.mm(buf0, arg1_1, out=buf1)"])
+    sources = llm.triton_sources(code)
+    assert list(sources) == ["triton_red_fused_mm_0", "triton_poi_fused_silu_1"]
+    assert sources["triton_red_fused_mm_0"].startswith("@triton.jit\ndef triton_red_fused_mm_0(")
+    assert "tl.load(in_ptr0 + r0_1)" in sources["triton_red_fused_mm_0"] and "heuristics" not in sources["triton_red_fused_mm_0"]
+    assert llm.triton_sources("cpp_fused_0 = async_compile.cpp_pybinding(['float*'], '''...''')") == {}

@@ -432,6 +432,31 @@ def generated_code_summary(code):
             "weight_only_kernels": len(WEIGHT_ONLY_CALL.findall(code))}  # PyTorch's int8 and int4 kernels, called
 
 
+def triton_sources(code):
+    """Inductor's Triton kernels in its generated code: {kernel name: source from @triton.jit on} (chapter 7)."""
+    found = re.findall(r"async_compile\.triton\('(\w+)', '{3}(.*?)'{3}", code, flags=re.S)
+    return {name: source[source.find("@triton.jit"):].strip() for name, source in found}
+
+
+def kernel_times_us(fn, calls=50):
+    """Mean GPU microseconds per call of each kernel fn launches, from a torch.profiler trace (chapter 7)."""
+    import tempfile
+
+    fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as folder:
+        profile.export_chrome_trace(str(Path(folder) / "trace.json"))
+        kernels = gpu_kernels(Path(folder) / "trace.json")
+    times = {}
+    for name, _, us in kernels:
+        times[name] = times.get(name, 0.0) + us / calls
+    return times
+
+
 def kv_cache_bytes(config, batch, length, dtype):
     """Bytes of keys and values for `length` positions of `batch` sequences, over all layers (chapter 3)."""
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
