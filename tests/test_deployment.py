@@ -350,7 +350,6 @@ def test_a_cold_start_worker_that_dies_says_how_and_where():
     assert cold_start.exit_reason(1, "") == "exited with 1: no output"
 
 
-
 def test_triton_sources_cuts_each_kernel_out_of_inductors_code():
     quotes = "'" * 3
     code = "\n".join([
