@@ -318,6 +318,9 @@ def test_draft_runs_in_smoke_preset_on_cpu(tmp_path, monkeypatch, dtype):
     assert re.search(r"ms eager, [0-9.]+ ms compiled, at a batch of 2", glued["lm_step_verdict"])  # why the servers differ
     assert "no Triton kernels to profile on this device" in text  # section 4's profile is for a GPU
     assert "not measured here" in glued["mlp_kernels"]
+    assert "no profile to read" in glued["int8pack_note"] and "not compared here" in glued["mlp_cd_compare"]
+    # the package is loaded twice, into an empty cache folder and into the folder the first load left
+    assert re.fullmatch(r"'[0-9.]+ s'", glued["lm_aoti_load_s"]) and re.fullmatch(r"'[0-9.]+ s'", glued["lm_aoti_warm_load_s"])
 
 
 CRASH = ("/usr/lib/python3.12/copyreg.py:99: FutureWarning: ...\n  return cls.__new__(cls, *args)\n"

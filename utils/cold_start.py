@@ -243,7 +243,9 @@ def sequence(model, preset, workdir, paths="jit", timeout=600):
 
     "jit": eager; compile with an empty cache (it saves Mega-Cache artifacts); compile again with that
     cache warm; Mega-Cache into an empty cache; the warm cache after a code change. "aot": the
-    AOTInductor package and the precompiled function, each built in one process and loaded in another.
+    AOTInductor package and the precompiled function, each built in one process and loaded in another;
+    the package is loaded twice, with an empty cache folder and then with the folder that load left
+    (the load checks the CPU's vector instructions by compiling probes into the cache folder).
     """
     work = Path(workdir)
     rows = []
@@ -260,6 +262,7 @@ def sequence(model, preset, workdir, paths="jit", timeout=600):
     else:
         add("AOTInductor build", "aoti_build", "aoti_build", artifact=work / "model.pt2")
         add("AOTInductor package", "aoti", "aoti", artifact=work / "model.pt2")
+        add("AOTInductor package, warm cache", "aoti", "aoti", artifact=work / "model.pt2")
         add("precompile build", "pre_build", "precompile_build", artifact=work / "model.aot")
         if rows[-1]["status"] == "ok":
             add("precompiled function", "pre", "precompile", artifact=work / "model.aot")
