@@ -62,8 +62,15 @@ def test_worker_compiles_from_a_warm_cache(tmp_path):
     assert (tmp_path / "mega.bin").stat().st_size > 0
 
 
+def test_an_unknown_group_of_cold_starts_is_refused_before_any_process_starts(tmp_path):
+    with pytest.raises(ValueError, match="choose jit, max-autotune or aot"):
+        cold_start.sequence("lm", "smoke", tmp_path, paths="fast")
+    assert not any(tmp_path.iterdir())
+
+
 def test_worker_command_line_rejects_bad_input():
     for args, message in ((["--model", "vit", "--path", "eager"], "invalid choice: 'vit'"),
+                          (["--model", "lm", "--path", "compile", "--mode", "fast"], "invalid choice: 'fast'"),
                           (["--model", "lm", "--path", "aoti"], "--path aoti needs --artifact")):
         proc = subprocess.run([sys.executable, "-m", "utils.cold_start", *args], cwd=REPO, capture_output=True,
                               text=True, timeout=120)
@@ -321,6 +328,9 @@ def test_draft_runs_in_smoke_preset_on_cpu(tmp_path, monkeypatch, dtype):
     assert "no profile to read" in glued["int8pack_note"] and "not compared here" in glued["mlp_cd_compare"]
     # the package is loaded twice, into an empty cache folder and into the folder the first load left
     assert re.fullmatch(r"'[0-9.]+ s'", glued["lm_aoti_load_s"]) and re.fullmatch(r"'[0-9.]+ s'", glued["lm_aoti_warm_load_s"])
+    # the max-autotune group: a cold compile, then a warm cache and Mega-Cache, and how much sooner the best of them was
+    assert all(re.fullmatch(r"'[0-9.]+ s'", glued[f"lm_{name}_s"]) for name in ("tuned", "tuned_warm", "tuned_megacache"))
+    assert re.fullmatch(r"'[0-9.]+x (sooner|later)'", glued["lm_tuned_ratio"])
 
 
 CRASH = ("/usr/lib/python3.12/copyreg.py:99: FutureWarning: ...\n  return cls.__new__(cls, *args)\n"
