@@ -1,7 +1,7 @@
 # Two commands, each setting up what it needs first (idempotent, fast once set up):
 #   make book   build the static site into _build/html
-#   make test   run the test suite (library, notebook smoke runs on CPU, site build, browser), on as many
-#               pytest-xdist workers as there are cores, at most 4 (tests/conftest.py: the units of work)
+#   make test   run the test suite (library, notebook smoke runs on CPU, site build, browser), on two
+#               pytest-xdist workers per core, at most 4 (tests/conftest.py: the units of work)
 #   make test-fast   the same without the tests marked slow (notebook smoke runs, site build, browser)
 # and for workshops:
 #   make student   the same site without the exercises' solutions, into _build/student/html
@@ -75,12 +75,16 @@ student: setup
 	    freshenv=True, warningiserror=True, keep_going=True))'
 	@echo "student edition (no solutions): $(STUDENT_HTML)/index.html"
 
+# Two workers per core: a notebook smoke run spends much of its time in one thread (Dynamo's tracing) or
+# waiting on the processes it starts, so one worker per core leaves cores idle (on 2 cores: 35 minutes
+# with 2 workers, 28 with 4).
+TEST_WORKERS ?= $(shell $(PYTHON) -c 'import os; print(min(4, 2 * (os.cpu_count() or 1)))')
 test: setup browser
-	$(PY) -m pytest -q --durations=25 -n auto --maxprocesses 4 tests
+	$(PY) -m pytest -q --durations=25 -n $(TEST_WORKERS) tests
 
 # Library and runner tests, in minutes: no notebook smoke run, site build or browser (tests/pytest.ini: slow).
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -n auto --maxprocesses 4 -m "not slow" tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) -m "not slow" tests
 
 setup: $(STAMP) $(VENDOR)/.stamp $(VEGA_DIR)/.stamp
 

@@ -33,7 +33,7 @@ BUILD_CMD = ["build", ".", "--all", "-W", "-n", "--keep-going"]
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
-# `make test` runs the suite on pytest-xdist workers (one per core, at most 4). A unit of work goes to one worker whole: the
+# `make test` runs the suite on pytest-xdist workers (two per core, at most 4). A unit of work goes to one worker whole: the
 # modules that use the built site or the browser (built and started once), each notebook's smoke run, and
 # each other module (its module fixtures, a server or a torchrun, are set up once).
 SITE_FIXTURES = {"built_site", "site", "browser", "student_build", "student_site"}
