@@ -757,3 +757,15 @@ def test_run_book_resume_stops_at_a_real_deadline(tiny, capsys):
     longer = ["--preset", "smoke", "--resume", "--max-seconds", "500", str(tiny["path"])]
     assert utils.run_book.main(longer) == 0
     assert "parts: first reused, second measured" in check_rendered(tiny["out"] / tiny["path"].name, "smoke")
+
+
+def test_the_smoke_runs_ci_starts_first_exist_and_go_longest_first():
+    from conftest import SMOKE_SECONDS, expected_seconds
+
+    for key in SMOKE_SECONDS:  # a renamed notebook or test would quietly lose its place
+        path = REPO / "notebooks" / f"{key[1:-1]}.ipynb" if key.startswith("[") else REPO / "tests" / key.split("::")[0]
+        assert path.exists(), key
+    ids = ["tests/test_utils.py::test_x", "tests/test_notebooks.py::test_runs_in_smoke_preset_on_cpu[01_mechanism]",
+           "tests/test_notebooks.py::test_runs_in_smoke_preset_on_cpu[05_diffusion]",
+           "tests/test_deployment.py::test_draft_runs_in_smoke_preset_on_cpu"]
+    assert sorted(ids, key=lambda n: -expected_seconds(n)) == [ids[3], ids[2], ids[1], ids[0]]
