@@ -73,9 +73,10 @@ def test_the_ahead_of_time_paths_run_in_bfloat16(tmp_path, monkeypatch):
     assert all(r["dtype"] == "torch.bfloat16" and r["max_abs_err"] < 0.1 for r in loaded), loaded
     engine = serve_app.Engine("aoti", "smoke", tmp_path, buckets=(1, 2), device="cpu")
     engine.warm_up()
-    rows = serving.good_payload(2, SEQ, VOCAB)["tokens"]
     assert str(next(engine.served.parameters()).dtype) == "torch.bfloat16"
-    assert engine.infer(rows) == engine.infer(rows) and all(0 <= t < VOCAB for t in engine.infer(rows))
+    tokens = serving.good_payload(2, SEQ, VOCAB)["tokens"]
+    next_tokens = engine.infer(tokens)
+    assert next_tokens == engine.infer(tokens) and len(next_tokens) == 2 and all(0 <= t < VOCAB for t in next_tokens)
 
 
 def test_an_unknown_group_of_cold_starts_is_refused_before_any_process_starts(tmp_path):
