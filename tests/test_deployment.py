@@ -65,10 +65,14 @@ def test_worker_compiles_from_a_warm_cache(tmp_path):
 @pytest.mark.slow
 def test_the_ahead_of_time_paths_run_in_bfloat16(tmp_path, monkeypatch):
     """The GPU's dtype tried on a CPU where a dtype bug would show first: the package and the precompiled function
-    built and loaded in fresh processes, and the AOTInductor server's engine (the chapter's smoke run is in float32)."""
+    built and loaded in fresh processes, and the AOTInductor server's engine (the chapter's smoke run is in float32).
+    The package's load with the CPU check skipped compiles no probe into its empty cache folder."""
     monkeypatch.setenv("BOOK_DTYPE", "bfloat16")  # inherited by the worker processes and read by the engine
     rows = cold_start.sequence("lm", "smoke", tmp_path / "cold", paths="aot")
-    assert [r["status"] for r in rows] == ["ok"] * 5, [r.get("reason") for r in rows]
+    assert [r["status"] for r in rows] == ["ok"] * 6, [r.get("reason") for r in rows]
+    assert "AOTInductor package, CPU check skipped" in [r["variant"] for r in rows]
+    probes = {folder: list((tmp_path / "cold" / folder).rglob("*.so")) for folder in ("aoti", "aoti_nocheck")}
+    assert probes["aoti"] and not probes["aoti_nocheck"], probes  # the first load compiled the ISA probes there
     loaded = [r for r in rows if not r["variant"].endswith("build")]
     assert all(r["dtype"] == "torch.bfloat16" and r["max_abs_err"] < 0.1 for r in loaded), loaded
     engine = serve_app.Engine("aoti", "smoke", tmp_path, buckets=(1, 2), device="cpu")

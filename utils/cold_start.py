@@ -123,6 +123,8 @@ def prepare(path, served, x, args):
         aoti_build(served, x, args.artifact, args.max_batch)
         return None, {"artifact_mb": Path(args.artifact).stat().st_size / 2**20}
     if path == "aoti":
+        if args.skip_cpu_check:  # every ISA answers "no" without a probe; the load then warns of a mismatch it invented
+            torch._inductor.config.cpp.vec_isa_ok = False
         return torch._inductor.aoti_load_package(str(args.artifact)), {}
     why = precompile_available()
     if why:
@@ -185,6 +187,8 @@ def parse(argv=None):
     p.add_argument("--save-mega", help="after the run, write torch.compiler.save_cache_artifacts() here")
     p.add_argument("--mode", choices=MODES, default="default", help="torch.compile's mode (compile and mega paths)")
     p.add_argument("--edit", action="store_true", help="serve probabilities instead of logits (a code change)")
+    p.add_argument("--skip-cpu-check", action="store_true",
+                   help="aoti path: skip the load's probes of the CPU's vector instructions (cpp.vec_isa_ok = False)")
     p.add_argument("--max-batch", type=int, default=16)
     p.add_argument("--min-run-time", type=float, default=0.5)
     p.add_argument("--t0", type=float, default=None, help="time.time() when the parent started this process")
@@ -247,8 +251,9 @@ def sequence(model, preset, workdir, paths="jit", timeout=600):
     "jit": eager; compile with an empty cache (it saves Mega-Cache artifacts); compile again with that
     cache warm; Mega-Cache into an empty cache; the warm cache after a code change. "aot": the
     AOTInductor package and the precompiled function, each built in one process and loaded in another;
-    the package is loaded twice, with an empty cache folder and then with the folder that load left
-    (the load checks the CPU's vector instructions by compiling probes into the cache folder).
+    the package is loaded three times: with an empty cache folder, with the folder that load left (the load
+    checks the CPU's vector instructions by compiling probes into the cache folder), and with an empty
+    folder and that check skipped.
     """
     work = Path(workdir)
     rows = []
@@ -270,6 +275,8 @@ def sequence(model, preset, workdir, paths="jit", timeout=600):
         add("AOTInductor build", "aoti_build", "aoti_build", artifact=work / "model.pt2")
         add("AOTInductor package", "aoti", "aoti", artifact=work / "model.pt2")
         add("AOTInductor package, warm cache", "aoti", "aoti", artifact=work / "model.pt2")
+        add("AOTInductor package, CPU check skipped", "aoti_nocheck", "aoti", artifact=work / "model.pt2",
+            skip_cpu_check=True)
         add("precompile build", "pre_build", "precompile_build", artifact=work / "model.aot")
         if rows[-1]["status"] == "ok":
             add("precompiled function", "pre", "precompile", artifact=work / "model.aot")
