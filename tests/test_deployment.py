@@ -92,7 +92,8 @@ def test_an_unknown_group_of_cold_starts_is_refused_before_any_process_starts(tm
 def test_worker_command_line_rejects_bad_input():
     for args, message in ((["--model", "vit", "--path", "eager"], "invalid choice: 'vit'"),
                           (["--model", "lm", "--path", "compile", "--mode", "fast"], "invalid choice: 'fast'"),
-                          (["--model", "lm", "--path", "aoti"], "--path aoti needs --artifact")):
+                          (["--model", "lm", "--path", "aoti"], "--path aoti needs --artifact"),
+                          (["--model", "lm", "--path", "eager", "--skip-cpu-check"], "--skip-cpu-check is for --path aoti")):
         proc = subprocess.run([sys.executable, "-m", "utils.cold_start", *args], cwd=REPO, capture_output=True,
                               text=True, timeout=120)
         assert proc.returncode == 2 and message in proc.stderr, proc.stderr[-500:]

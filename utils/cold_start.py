@@ -195,6 +195,8 @@ def parse(argv=None):
     args = p.parse_args(argv)
     if args.path in ("mega", "aoti_build", "aoti", "precompile_build", "precompile") and not args.artifact:
         p.error(f"--path {args.path} needs --artifact")
+    if args.skip_cpu_check and args.path != "aoti":
+        p.error("--skip-cpu-check is for --path aoti: only the package's load checks the CPU")
     return args
 
 
