@@ -123,9 +123,9 @@ def prepare(path, served, x, args):
         aoti_build(served, x, args.artifact, args.max_batch)
         return None, {"artifact_mb": Path(args.artifact).stat().st_size / 2**20}
     if path == "aoti":
-        if args.skip_cpu_check:  # every ISA answers "no" without a probe; the load then warns of a mismatch it invented
-            torch._inductor.config.cpp.vec_isa_ok = False
-        return torch._inductor.aoti_load_package(str(args.artifact)), {}
+        skip = {"cpp.vec_isa_ok": False} if args.skip_cpu_check else {}  # every ISA answers "no", without a probe
+        with torch._inductor.config.patch(skip):
+            return torch._inductor.aoti_load_package(str(args.artifact)), {}
     why = precompile_available()
     if why:
         raise NotImplementedError(why)
