@@ -109,6 +109,13 @@ def precompile_available():
     return None
 
 
+def load_package(package, skip_cpu_check=False):
+    """Load an AOTInductor package; skip_cpu_check: no probes of the CPU's vector instructions (chapter 7)."""
+    skip = {"cpp.vec_isa_ok": False} if skip_cpu_check else {}  # every ISA answers "no", without a probe
+    with torch._inductor.config.patch(skip):
+        return torch._inductor.aoti_load_package(str(package))
+
+
 def prepare(path, served, x, args):
     """Ready `served` the path's way: (callable on x, or None for a build path; extra fields) (chapter 7)."""
     if path == "eager":
@@ -123,9 +130,7 @@ def prepare(path, served, x, args):
         aoti_build(served, x, args.artifact, args.max_batch)
         return None, {"artifact_mb": Path(args.artifact).stat().st_size / 2**20}
     if path == "aoti":
-        skip = {"cpp.vec_isa_ok": False} if args.skip_cpu_check else {}  # every ISA answers "no", without a probe
-        with torch._inductor.config.patch(skip):
-            return torch._inductor.aoti_load_package(str(args.artifact)), {}
+        return load_package(args.artifact, skip_cpu_check=args.skip_cpu_check), {}
     why = precompile_available()
     if why:
         raise NotImplementedError(why)
@@ -217,6 +222,8 @@ def main(argv=None):
 
 def measure(model, path, preset, cache_dir, artifact=None, timeout=600, **options):
     """Run the worker in a new process with its own inductor cache folder; its row, with process_s (chapter 7)."""
+    from utils.env import child_python_path
+
     cache_dir = Path(cache_dir)
     cache_dir.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "utils.cold_start", "--model", model, "--path", path, "--preset", preset]
@@ -225,7 +232,7 @@ def measure(model, path, preset, cache_dir, artifact=None, timeout=600, **option
         flag = "--" + key.replace("_", "-")
         cmd += [flag] if value is True else [] if value in (False, None) else [flag, str(value)]
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache_dir), "TRITON_CACHE_DIR": str(cache_dir / "triton"),
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
+           "PYTHONPATH": child_python_path()}
     t = time.perf_counter()
     cmd += ["--t0", repr(time.time())]
     try:

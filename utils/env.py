@@ -10,6 +10,11 @@ from types import SimpleNamespace
 import torch
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def child_python_path(env=None):
+    """PYTHONPATH for a child process that imports this book's utils, keeping the one it had (chapter 6)."""
+    return os.pathsep.join(filter(None, [str(REPO_ROOT), (os.environ if env is None else env).get("PYTHONPATH")]))
 SIMULATE_ENV = "BOOK_SIMULATE_GPU"  # e.g. "t4": a big GPU runs a chapter as if it were that small one
 DTYPE_ENV = "BOOK_DTYPE"  # e.g. "bfloat16": a CPU runs a chapter in a GPU's dtype, to try its code paths
 # What a small GPU offers that the chapters' choices depend on (memory a process can use, SMs, capability).

@@ -12,7 +12,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .env import REPO_ROOT
+from .env import REPO_ROOT, child_python_path
 from .scale_out_worker import (COMPILE_MODES, STRATEGIES, check_processes, configurations, describe, main,
                                resolve_device, sizes_of)
 from .scale_out_worker import ForwardBackward, PRESETS, count_params_m, prepare, wrap_fsdp2  # noqa: F401 (chapter 8)
@@ -54,7 +54,7 @@ def launch(nproc, *, preset="smoke", strategies="ddp", compiles="none,default", 
     check_processes(nproc, resolve_device(device))
     run_env = {**os.environ, **(env or {})}
     run_env.setdefault("OMP_NUM_THREADS", str(max(1, cpu_cores() // nproc)))
-    run_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), run_env.get("PYTHONPATH")]))
+    run_env["PYTHONPATH"] = child_python_path(run_env)
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "rows.jsonl"
         cmd = torchrun_command(nproc, out, preset=preset, strategies=strategies, compiles=compiles,

@@ -95,9 +95,7 @@ class Engine:
         if not package.exists():
             with torch.inference_mode():
                 cold_start.aoti_build(self.served, self.example, package, max(self.buckets))
-        # the load's check of the CPU's vector instructions compiles and runs probes (chapter 7, section 1): skipped
-        with torch._inductor.config.patch({"cpp.vec_isa_ok": False}):
-            return torch._inductor.aoti_load_package(str(package))
+        return cold_start.load_package(package, skip_cpu_check=True)  # the CPU check's probes: chapter 7, section 1
 
     def graphs(self):
         """Graphs Dynamo has compiled in this process (chapter 7)."""

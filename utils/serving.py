@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .env import REPO_ROOT
+from .env import REPO_ROOT, child_python_path
 
 SITE_PACKAGES = re.compile(r'File "[^"]*/site-packages/')  # a frame's path, from the package's folder on
 
@@ -47,7 +47,7 @@ def start(mode, workdir, preset="smoke", buckets=(1, 2, 4, 8), cache_dir=None, t
            "--workdir", str(workdir), "--buckets", ",".join(map(str, buckets))] + (["--device", device] if device else [])
     cache = Path(cache_dir or workdir / "inductor")
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache), "TRITON_CACHE_DIR": str(cache / "triton"),
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
+           "PYTHONPATH": child_python_path()}
     log = workdir / f"{mode}-{port}.log"
     started = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
